@@ -1,0 +1,134 @@
+"""Pieces shared by every algorithm: episode bookkeeping, divergence, evaluation, batching."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from envs import Environment
+
+
+@struct.dataclass
+class EpisodeTracker:
+    """Running return and length of each parallel environment's current episode."""
+
+    returns: jax.Array  # [N] float32
+    lengths: jax.Array  # [N] int32
+
+    @classmethod
+    def zeros(cls, num_envs: int) -> EpisodeTracker:
+        return cls(jnp.zeros(num_envs, jnp.float32), jnp.zeros(num_envs, jnp.int32))
+
+
+class Finished(NamedTuple):
+    """Sums over the episodes that ended in one step of N environments."""
+
+    return_sum: jax.Array  # []
+    length_sum: jax.Array  # []
+    count: jax.Array  # [] int32
+
+
+def track_episodes(
+    tracker: EpisodeTracker, reward: jax.Array, done: jax.Array
+) -> tuple[EpisodeTracker, Finished]:
+    """Adds one step's rewards ``[N]``; episodes that ended (``done [N]``) are reported and reset."""
+    returns = tracker.returns + reward
+    lengths = tracker.lengths + 1
+    finished = Finished(
+        jnp.sum(jnp.where(done, returns, 0.0)),
+        jnp.sum(jnp.where(done, lengths, 0)).astype(jnp.float32),
+        jnp.sum(done).astype(jnp.int32),
+    )
+    return EpisodeTracker(jnp.where(done, 0.0, returns), jnp.where(done, 0, lengths)), finished
+
+
+def finished_means(f: Finished) -> tuple[jax.Array, jax.Array]:
+    """Mean return and length of finished episodes; NaN where none finished. ``f`` summed."""
+    count = jnp.maximum(f.count, 1).astype(jnp.float32)
+    nan = jnp.float32(jnp.nan)
+    return (
+        jnp.where(f.count > 0, f.return_sum / count, nan),
+        jnp.where(f.count > 0, f.length_sum / count, nan),
+    )
+
+
+def all_finite(*trees: Any) -> jax.Array:
+    """True when every leaf of every tree is finite."""
+    leaves = [jnp.all(jnp.isfinite(x)) for t in trees for x in jax.tree.leaves(t)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def adam(lr: jax.Array | optax.Schedule, max_grad_norm: jax.Array | None = None) -> optax.GradientTransformation:
+    """Adam (eps 1e-5), after global-norm clipping when ``max_grad_norm`` is given.
+
+    Hyperparameters may be traced arrays: the optimizer's state layout does not depend on
+    their values, so it is rebuilt from the hyperparameters wherever it is needed.
+    """
+    opt = optax.adam(lr, eps=1e-5)
+    return opt if max_grad_norm is None else optax.chain(optax.clip_by_global_norm(max_grad_norm), opt)
+
+
+class Algo(NamedTuple):
+    """An algorithm's pure functions for one env and static config.
+
+    ``init(key, hparams) -> state``; ``chunk(state, hparams) -> (state, metrics [K])``;
+    ``evaluate(state, key) -> EvalMetrics``.
+    """
+
+    init: Callable[..., Any]
+    chunk: Callable[..., Any]
+    evaluate: Callable[..., Any]
+
+
+class EvalMetrics(NamedTuple):
+    return_mean: jax.Array  # []
+    returns: jax.Array  # [N] one per episode
+    lengths: jax.Array  # [N]
+
+
+def evaluate_policy(
+    env: Environment,
+    env_params: Any,
+    act: Callable[[jax.Array], jax.Array],
+    key: jax.Array,
+    num_episodes: int,
+) -> EvalMetrics:
+    """Runs ``num_episodes`` episodes in parallel with the deterministic policy ``act(obs [N, ...])``.
+
+    Each environment plays exactly one episode (at most ``env_params.max_steps`` steps).
+    """
+    reset_keys = jax.random.split(jax.random.fold_in(key, 0), num_episodes)
+    obs, state = jax.vmap(env.reset, (0, None))(reset_keys, env_params)
+    step = jax.vmap(env.step, (0, 0, 0, None))
+
+    def body(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
+        obs, state, ret, length, active = carry
+        s = step(jax.random.split(k, num_episodes), state, act(obs), env_params)
+        ret = ret + jnp.where(active, s.reward, 0.0)
+        length = length + active.astype(jnp.int32)
+        return (s.obs, s.state, ret, length, active & ~s.done), None
+
+    init = (obs, state, jnp.zeros(num_episodes), jnp.zeros(num_episodes, jnp.int32),
+            jnp.ones(num_episodes, jnp.bool_))
+    keys = jax.random.split(jax.random.fold_in(key, 1), env_params.max_steps)
+    (_, _, ret, length, _), _ = jax.lax.scan(body, init, keys)
+    return EvalMetrics(jnp.mean(ret), ret, length)
+
+
+def batched(fn: Callable, *, hparams_argnum: int | None = 1) -> Callable:
+    """``vmap(vmap(fn, seeds), configs)``: leaves of state/key args ``[C, S, ...]``, hparams ``[C]``.
+
+    ``hparams_argnum`` names the positional argument holding the hyperparameters, which are
+    shared across seeds; every other argument carries both axes.
+    """
+
+    def outer(*args: Any) -> Any:
+        n = len(args)
+        inner_axes = tuple(None if i == hparams_argnum else 0 for i in range(n))
+        return jax.vmap(jax.vmap(fn, in_axes=inner_axes), in_axes=0)(*args)
+
+    return outer

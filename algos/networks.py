@@ -1,0 +1,112 @@
+"""Networks shared by every algorithm: an MLP torso, PPO's actor-critic, SAC's actor and twin Q."""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import distrax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Activation = Literal["tanh", "relu"]
+_ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+def _dense(features: int, scale: float = np.sqrt(2)) -> nn.Dense:
+    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale))
+
+
+class MLP(nn.Module):
+    """Dense layers with an activation after each; the last layer's output is returned."""
+
+    hidden: Sequence[int]
+    activation: Activation = "tanh"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for width in self.hidden:
+            x = _ACTIVATIONS[self.activation](_dense(width)(x))
+        return x
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs (PPO).
+
+    Returns ``(policy_out, log_std, value)``: logits ``[A]`` and ``log_std=None`` for discrete
+    actions; for continuous ones the Gaussian mean ``[A]`` and a state-independent log-std.
+    """
+
+    action_dim: int
+    discrete: bool
+    hidden: Sequence[int] = (64, 64)
+    activation: Activation = "tanh"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+        pi = _dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(obs))
+        value = _dense(1, 1.0)(MLP(self.hidden, self.activation)(obs))
+        log_std = None
+        if not self.discrete:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+        return pi, log_std, value[..., 0]
+
+
+def ppo_distribution(
+    policy_out: jax.Array, log_std: jax.Array | None, mask: jax.Array | None = None
+) -> distrax.Distribution:
+    """A categorical over logits (illegal actions, where ``mask`` is False, get probability 0),
+    or a diagonal Gaussian with the given log-std."""
+    if log_std is None:
+        logits = policy_out if mask is None else jnp.where(mask, policy_out, -1e9)
+        return distrax.Categorical(logits=logits)
+    return distrax.MultivariateNormalDiag(policy_out, jnp.exp(log_std) * jnp.ones_like(policy_out))
+
+
+class SACActor(nn.Module):
+    """A tanh-squashed Gaussian policy; actions lie in ``[-1, 1]^A``."""
+
+    action_dim: int
+    hidden: Sequence[int] = (256, 256)
+    log_std_min: float = -5.0
+    log_std_max: float = 2.0
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = MLP(self.hidden, "relu")(obs)
+        mean = nn.Dense(self.action_dim)(x)
+        log_std = jnp.clip(nn.Dense(self.action_dim)(x), self.log_std_min, self.log_std_max)
+        return mean, log_std
+
+
+def squashed_gaussian(mean: jax.Array, log_std: jax.Array) -> distrax.Distribution:
+    base = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
+    return distrax.Transformed(base, distrax.Block(distrax.Tanh(), ndims=1))
+
+
+class TwinQ(nn.Module):
+    """Two independent Q-networks evaluated at once: returns ``[2, ...]``."""
+
+    hidden: Sequence[int] = (256, 256)
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        ensemble = nn.vmap(
+            _QNet,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=None,
+            out_axes=0,
+            axis_size=2,
+        )
+        return ensemble(self.hidden)(obs, action)
+
+
+class _QNet(nn.Module):
+    hidden: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = MLP(self.hidden, "relu")(jnp.concatenate([obs, action], axis=-1))
+        return nn.Dense(1)(x)[..., 0]

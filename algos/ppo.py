@@ -1,0 +1,257 @@
+"""PPO for discrete and continuous actions, as pure functions over a static config.
+
+``make(config, env, env_params)`` returns :class:`Algo` with ``init(key, hparams)``,
+``chunk(state, hparams)`` (a ``lax.scan`` over ``config.updates_per_chunk`` updates) and
+``evaluate(state, key)``. All searchable hyperparameters are float32 leaves of
+:class:`PPOHParams`, so one compiled kernel serves any of their values and can be vmapped
+over configurations and seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from algos.common import (
+    Algo,
+    EpisodeTracker,
+    EvalMetrics,
+    Finished,
+    adam,
+    all_finite,
+    evaluate_policy,
+    finished_means,
+    track_episodes,
+)
+from algos.gae import gae
+from algos.networks import ActorCritic, Activation, ppo_distribution
+from envs import Box, Discrete, Environment
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """Static settings: anything that changes a shape, a loop count or the code path."""
+
+    num_envs: int = 4
+    num_steps: int = 128
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    total_timesteps: int = 500_000
+    updates_per_chunk: int = 10
+    hidden: tuple[int, ...] = (64, 64)
+    activation: Activation = "tanh"
+    anneal_lr: bool = True
+    normalize_advantages: bool = True
+    eval_episodes: int = 16
+
+    def __post_init__(self) -> None:
+        for f in ("num_envs", "num_steps", "num_minibatches", "update_epochs",
+                  "updates_per_chunk", "eval_episodes"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"PPOConfig.{f} must be >= 1, got {getattr(self, f)}")
+        if self.batch_size % self.num_minibatches:
+            raise ValueError(
+                f"num_minibatches={self.num_minibatches} does not divide the batch "
+                f"num_envs*num_steps={self.batch_size}"
+            )
+        if self.num_updates < 1:
+            raise ValueError(
+                f"total_timesteps={self.total_timesteps} is less than one update "
+                f"({self.batch_size} steps)"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks needed to cover ``total_timesteps`` (the last may overshoot)."""
+        return -(-self.num_updates // self.updates_per_chunk)
+
+
+@struct.dataclass
+class PPOHParams:
+    """Traced hyperparameters: float32 scalars (or ``[C]`` when batched over configs)."""
+
+    lr: jax.Array
+    gamma: jax.Array
+    gae_lambda: jax.Array
+    clip_eps: jax.Array
+    ent_coef: jax.Array
+    vf_coef: jax.Array
+    max_grad_norm: jax.Array
+
+    @classmethod
+    def default(cls, **overrides: float) -> PPOHParams:
+        values = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01,
+                      vf_coef=0.5, max_grad_norm=0.5)
+        values.update(overrides)
+        return cls(**{k: jnp.float32(v) for k, v in values.items()})
+
+
+@struct.dataclass
+class PPOState:
+    params: Any  # network parameters
+    opt_state: Any
+    env_state: Any  # leaves [N, ...]
+    obs: jax.Array  # [N, *obs_shape]
+    tracker: EpisodeTracker
+    key: jax.Array
+    update: jax.Array  # [] int32 updates done
+    diverged: jax.Array  # [] bool, sticky
+
+
+class PPOMetrics(NamedTuple):
+    """One row per update (stacked to ``[K]`` by ``chunk``)."""
+
+    env_steps: jax.Array  # per seed, cumulative
+    episode_return: jax.Array  # mean over episodes finished in this update; NaN if none
+    episode_length: jax.Array
+    episodes: jax.Array
+    total_loss: jax.Array
+    value_loss: jax.Array
+    policy_loss: jax.Array
+    entropy: jax.Array
+    approx_kl: jax.Array
+    diverged: jax.Array
+
+
+class _Traj(NamedTuple):
+    obs: jax.Array  # [T, N, ...]
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    done: jax.Array
+    final_obs: jax.Array
+
+
+def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
+    """Builds PPO's pure functions for one environment and static config."""
+    space = env.action_space(env_params)
+    discrete = isinstance(space, Discrete)
+    action_dim = space.n if isinstance(space, Discrete) else space.shape[0]
+    net = ActorCritic(action_dim, discrete, config.hidden, config.activation)
+    step_envs = jax.vmap(env.step, (0, 0, 0, None))
+    reset_envs = jax.vmap(env.reset, (0, None))
+
+    def env_action(action: jax.Array) -> jax.Array:
+        if isinstance(space, Box):
+            return jnp.clip(action, space.low, space.high)
+        return action
+
+    def optimizer(hp: PPOHParams) -> optax.GradientTransformation:
+        lr: Any = hp.lr
+        if config.anneal_lr:
+            lr = optax.linear_schedule(hp.lr, 0.0, config.num_updates * config.update_epochs
+                                       * config.num_minibatches)
+        return adam(lr, hp.max_grad_norm)
+
+    def init(key: jax.Array, hp: PPOHParams) -> PPOState:
+        k_net, k_env, k_run = jax.random.split(key, 3)
+        obs_shape = env.observation_space(env_params).shape
+        params = net.init(k_net, jnp.zeros(obs_shape))
+        obs, env_state = reset_envs(jax.random.split(k_env, config.num_envs), env_params)
+        return PPOState(params, optimizer(hp).init(params), env_state, obs,
+                        EpisodeTracker.zeros(config.num_envs), k_run, jnp.int32(0),
+                        jnp.bool_(False))
+
+    def rollout(state: PPOState) -> tuple[PPOState, _Traj, Finished]:
+        def one_step(carry: PPOState, key: jax.Array) -> tuple[PPOState, tuple]:
+            k_act, k_env = jax.random.split(key)
+            pi_out, log_std, value = net.apply(carry.params, carry.obs)
+            dist = ppo_distribution(pi_out, log_std)
+            action = dist.sample(seed=k_act)
+            s = step_envs(jax.random.split(k_env, config.num_envs), carry.env_state,
+                          env_action(action), env_params)
+            tracker, fin = track_episodes(carry.tracker, s.reward, s.done)
+            tr = _Traj(carry.obs, action, dist.log_prob(action), value, s.reward,
+                       s.terminated, s.done, s.final_obs)
+            return carry.replace(env_state=s.state, obs=s.obs, tracker=tracker), (tr, fin)
+
+        key, k_roll = jax.random.split(state.key)
+        state, (traj, fin) = jax.lax.scan(
+            one_step, state.replace(key=key), jax.random.split(k_roll, config.num_steps))
+        return state, traj, Finished(*(jnp.sum(x) for x in fin))
+
+    def loss_fn(params: Any, hp: PPOHParams, batch: tuple) -> tuple[jax.Array, tuple]:
+        traj, adv, targets = batch
+        pi_out, log_std, value = net.apply(params, traj.obs)
+        dist = ppo_distribution(pi_out, log_std)
+        log_ratio = dist.log_prob(traj.action) - traj.log_prob
+        ratio = jnp.exp(log_ratio)
+        if config.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pg_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps)
+                               * adv).mean()
+        v_clipped = traj.value + jnp.clip(value - traj.value, -hp.clip_eps, hp.clip_eps)
+        v_loss = 0.5 * jnp.maximum((value - targets) ** 2, (v_clipped - targets) ** 2).mean()
+        entropy = dist.entropy().mean()
+        total = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        return total, (v_loss, pg_loss, entropy, approx_kl)
+
+    def epoch(carry: tuple, key: jax.Array, hp: PPOHParams, batch: tuple) -> tuple[tuple, tuple]:
+        params, opt_state = carry
+        perm = jax.random.permutation(key, config.batch_size)
+        shuffled = jax.tree.map(
+            lambda x: x.reshape(config.batch_size, *x.shape[2:])[perm].reshape(
+                config.num_minibatches, config.minibatch_size, *x.shape[2:]), batch)
+
+        def minibatch(c: tuple, mb: tuple) -> tuple[tuple, tuple]:
+            p, o = c
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, hp, mb)
+            updates, o = optimizer(hp).update(grads, o, p)
+            return (optax.apply_updates(p, updates), o), (loss, *aux)
+
+        return jax.lax.scan(minibatch, (params, opt_state), shuffled)
+
+    def update(state: PPOState, hp: PPOHParams) -> tuple[PPOState, PPOMetrics]:
+        state, traj, fin = rollout(state)
+        _, _, next_values = net.apply(state.params, traj.final_obs)
+        adv, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
+                           hp.gamma, hp.gae_lambda)
+        key, k_epochs = jax.random.split(state.key)
+        (params, opt_state), losses = jax.lax.scan(
+            lambda c, k: epoch(c, k, hp, (traj, adv, targets)),
+            (state.params, state.opt_state),
+            jax.random.split(k_epochs, config.update_epochs))
+        losses = [jnp.mean(x) for x in losses]
+        diverged = state.diverged | ~all_finite(losses, params)
+        ep_return, ep_length = finished_means(fin)
+        update_idx = state.update + 1
+        state = state.replace(params=params, opt_state=opt_state, key=key, update=update_idx,
+                              diverged=diverged)
+        metrics = PPOMetrics(update_idx * config.batch_size, ep_return, ep_length, fin.count,
+                             *losses, diverged)
+        return state, metrics
+
+    def chunk(state: PPOState, hp: PPOHParams) -> tuple[PPOState, PPOMetrics]:
+        return jax.lax.scan(lambda s, _: update(s, hp), state, None,
+                            length=config.updates_per_chunk)
+
+    def act(params: Any, obs: jax.Array) -> jax.Array:
+        pi_out, log_std, _ = net.apply(params, obs)
+        return env_action(jnp.argmax(pi_out, -1) if discrete else pi_out)
+
+    def evaluate(state: PPOState, key: jax.Array) -> EvalMetrics:
+        return evaluate_policy(env, env_params, lambda o: act(state.params, o), key,
+                               config.eval_episodes)
+
+    return Algo(init, chunk, evaluate)
+

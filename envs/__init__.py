@@ -1,0 +1,51 @@
+"""Pure-JAX environments and their registry: ``envs.make(name) -> (env, params)``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from envs.cartpole import CartPole, ContinuousCartPole
+from envs.core import Box, Discrete, Environment, Step, Transition
+from envs.pendulum import Pendulum
+
+_REGISTRY: dict[str, Callable[[], Environment]] = {
+    "CartPole-v1": CartPole,
+    "ContinuousCartPole-v1": ContinuousCartPole,
+    "Pendulum-v1": Pendulum,
+}
+
+
+class UnknownEnvError(ValueError):
+    """Raised by :func:`make` for a name that is not registered."""
+
+
+def registered() -> list[str]:
+    """The names :func:`make` accepts, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make(name: str, **param_overrides: Any) -> tuple[Environment, Any]:
+    """Builds a registered environment and its default params (optionally overridden).
+
+    Raises:
+        UnknownEnvError: ``name`` is not registered; the message lists the known names.
+    """
+    if name not in _REGISTRY:
+        raise UnknownEnvError(f"unknown env {name!r}; known envs: {', '.join(registered())}")
+    env = _REGISTRY[name]()
+    params = env.default_params
+    if param_overrides:
+        params = params.replace(**param_overrides)
+    return env, params
+
+
+__all__ = [
+    "Box",
+    "Discrete",
+    "Environment",
+    "Step",
+    "Transition",
+    "UnknownEnvError",
+    "make",
+    "registered",
+]
