@@ -56,10 +56,15 @@ def finished_means(f: Finished) -> tuple[jax.Array, jax.Array]:
     )
 
 
-def all_finite(*trees: Any) -> jax.Array:
-    """True when every leaf of every tree is finite."""
-    leaves = [jnp.all(jnp.isfinite(x)) for t in trees for x in jax.tree.leaves(t)]
-    return jnp.all(jnp.stack(leaves))
+def is_diverged(losses: Any, params: Any, max_loss: float) -> jax.Array:
+    """True when a loss or a parameter is not finite, or a loss's magnitude exceeds ``max_loss``.
+
+    Adam bounds each step, so a huge learning rate often saturates the network (loss ~1e8)
+    without ever producing a NaN; the loss bound catches that too.
+    """
+    finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((losses, params))]
+    small = [jnp.all(jnp.abs(x) <= max_loss) for x in jax.tree.leaves(losses)]
+    return ~jnp.all(jnp.stack(finite + small))
 
 
 def adam(lr: jax.Array | optax.Schedule, max_grad_norm: jax.Array | None = None) -> optax.GradientTransformation:

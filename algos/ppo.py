@@ -23,7 +23,7 @@ from algos.common import (
     EvalMetrics,
     Finished,
     adam,
-    all_finite,
+    is_diverged,
     evaluate_policy,
     finished_means,
     track_episodes,
@@ -48,6 +48,7 @@ class PPOConfig:
     anneal_lr: bool = True
     normalize_advantages: bool = True
     eval_episodes: int = 16
+    divergence_loss: float = 1e7  # |loss| above this (or non-finite) marks a run diverged
 
     def __post_init__(self) -> None:
         for f in ("num_envs", "num_steps", "num_minibatches", "update_epochs",
@@ -232,7 +233,7 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
             (state.params, state.opt_state),
             jax.random.split(k_epochs, config.update_epochs))
         losses = [jnp.mean(x) for x in losses]
-        diverged = state.diverged | ~all_finite(losses, params)
+        diverged = state.diverged | is_diverged(losses, params, config.divergence_loss)
         ep_return, ep_length = finished_means(fin)
         update_idx = state.update + 1
         state = state.replace(params=params, opt_state=opt_state, key=key, update=update_idx,

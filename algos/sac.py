@@ -23,7 +23,7 @@ from algos.common import (
     EpisodeTracker,
     EvalMetrics,
     adam,
-    all_finite,
+    is_diverged,
     evaluate_policy,
     finished_means,
     track_episodes,
@@ -45,6 +45,7 @@ class SACConfig:
     steps_per_chunk: int = 250  # iterations (vectorized env steps) per chunk
     hidden: tuple[int, ...] = (256, 256)
     eval_episodes: int = 8
+    divergence_loss: float = 1e7  # |loss| above this (or non-finite) marks a run diverged
 
     def __post_init__(self) -> None:
         for f in ("num_envs", "batch_size", "updates_per_step", "steps_per_chunk",
@@ -219,7 +220,8 @@ def make(config: SACConfig, env: Environment, env_params: Any) -> Algo:
         s, losses = jax.lax.scan(lambda c, k: gradient_step(c, hp, k), s,
                                  jax.random.split(k_upd, config.updates_per_step))
         losses = [jnp.mean(x) for x in losses]
-        diverged = s.diverged | ~all_finite(losses, s.actor, s.critic)
+        diverged = s.diverged | is_diverged(losses, (s.actor, s.critic),
+                                                 config.divergence_loss)
         s = s.replace(diverged=diverged)
         ep_return, ep_length = finished_means(fin)
         return s, SACMetrics(s.env_steps, ep_return, ep_length, fin.count, *losses, diverged)

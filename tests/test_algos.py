@@ -1,0 +1,255 @@
+"""Algorithm math, probe environments and the kernel's promises (vmap, chunking, no recompile,
+divergence isolation) for PPO and SAC."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from algos import ppo, sac
+from algos.common import batched
+from algos.gae import gae
+from algos.networks import ActorCritic, SACActor, TwinQ
+from tests.probe_envs import Probe
+
+
+def test_core_does_not_import_orchestrators():
+    code = "import envs, algos.ppo, algos.sac, sys; assert not {'ray', 'optuna', 'pandas'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- GAE -----------------------------------------------------------------------------------
+
+def _gae_numpy(rewards, values, next_values, terminated, done, gamma, lam):
+    T = len(rewards)
+    adv = np.zeros(T)
+    last = 0.0
+    for t in reversed(range(T)):
+        bootstrap = 0.0 if terminated[t] else gamma * next_values[t]
+        delta = rewards[t] + bootstrap - values[t]
+        last = delta + (0.0 if done[t] else gamma * lam * last)
+        adv[t] = last
+    return adv, adv + values
+
+
+def test_gae__matches_numpy_loop_with_terminated_and_truncated_steps():
+    rng = np.random.default_rng(0)
+    T, B = 50, 3
+    rewards, values, next_values = (rng.normal(size=(T, B)).astype(np.float32) for _ in range(3))
+    terminated = rng.random((T, B)) < 0.1
+    truncated = (rng.random((T, B)) < 0.1) & ~terminated
+    done = terminated | truncated
+    adv, targets = gae(jnp.array(rewards), jnp.array(values), jnp.array(next_values),
+                       jnp.array(terminated), jnp.array(done), 0.97, 0.9)
+    for b in range(B):
+        ref_adv, ref_t = _gae_numpy(rewards[:, b], values[:, b], next_values[:, b],
+                                    terminated[:, b], done[:, b], 0.97, 0.9)
+        np.testing.assert_allclose(adv[:, b], ref_adv, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(targets[:, b], ref_t, rtol=1e-5, atol=1e-5)
+
+
+def test_gae__truncation_bootstraps_but_termination_does_not():
+    ones = jnp.ones((1, 1))
+    kw = dict(rewards=ones, values=0 * ones, next_values=10 * ones, gamma=0.5, gae_lambda=1.0)
+    adv_trunc, _ = gae(terminated=ones < 0, done=ones > 0, **kw)
+    adv_term, _ = gae(terminated=ones > 0, done=ones > 0, **kw)
+    assert float(adv_trunc[0, 0]) == pytest.approx(1 + 0.5 * 10)
+    assert float(adv_term[0, 0]) == pytest.approx(1.0)
+
+
+# ---- probes --------------------------------------------------------------------------------
+
+PROBE_PPO = ppo.PPOConfig(num_envs=16, num_steps=8, num_minibatches=2, update_epochs=4,
+                          total_timesteps=16 * 8 * 150, updates_per_chunk=150,
+                          anneal_lr=False, hidden=(32, 32))
+
+
+def _train_ppo_probe(kind, discrete, **hp):
+    env = Probe(kind=kind, discrete=discrete)
+    params = env.default_params
+    algo = ppo.make(PROBE_PPO, env, params)
+    hparams = ppo.PPOHParams.default(lr=3e-3, **hp)
+    state = jax.jit(algo.init)(jax.random.key(0), hparams)
+    state, _ = jax.jit(algo.chunk)(state, hparams)
+    net = ActorCritic(1 if not discrete else 2, discrete, PROBE_PPO.hidden)
+    return lambda obs: net.apply(state.params, jnp.array(obs, jnp.float32))
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_ppo_probe__constant_reward_value_is_one(discrete):
+    apply = _train_ppo_probe("constant", discrete)
+    assert float(apply([0.0])[2]) == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_ppo_probe__two_step_value_is_gamma(discrete):
+    apply = _train_ppo_probe("two_step", discrete, gamma=0.9, gae_lambda=1.0)
+    assert float(apply([0.0])[2]) == pytest.approx(0.9, abs=0.05)
+    assert float(apply([1.0])[2]) == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_ppo_probe__action_dependent_reward_gives_right_greedy_action(discrete):
+    apply = _train_ppo_probe("action", discrete, ent_coef=0.0)
+    pos, neg = apply([1.0])[0], apply([-1.0])[0]
+    if discrete:
+        assert int(jnp.argmax(pos)) == 1 and int(jnp.argmax(neg)) == 0
+    else:
+        assert float(pos[0]) == pytest.approx(0.5, abs=0.15)
+        assert float(neg[0]) == pytest.approx(-0.5, abs=0.15)
+
+
+PROBE_SAC = sac.SACConfig(num_envs=8, buffer_size=4000, batch_size=64, learning_starts=256,
+                          updates_per_step=1, total_timesteps=8 * 1032, steps_per_chunk=1000,
+                          hidden=(32, 32))
+
+
+def _train_sac_probe(kind, **hp):
+    env = Probe(kind=kind, discrete=False)
+    algo = sac.make(PROBE_SAC, env, env.default_params)
+    hparams = sac.SACHParams.default(actor_lr=3e-3, critic_lr=3e-3, init_alpha=1e-3,
+                                     alpha_lr=0.0, **hp)
+    state = jax.jit(algo.init)(jax.random.key(0), hparams)
+    state, _ = jax.jit(algo.chunk)(state, hparams)
+    q = lambda obs, a: TwinQ(PROBE_SAC.hidden).apply(state.critic, jnp.array(obs), jnp.array(a))
+    mean = lambda obs: SACActor(1, PROBE_SAC.hidden).apply(state.actor, jnp.array(obs))[0]
+    return q, mean
+
+
+def test_sac_probe__constant_reward_q_is_one():
+    q, _ = _train_sac_probe("constant")
+    np.testing.assert_allclose(q([0.0], [0.3]), [1.0, 1.0], atol=0.05)
+
+
+def test_sac_probe__two_step_q_is_gamma():
+    q, _ = _train_sac_probe("two_step", gamma=0.9)
+    np.testing.assert_allclose(q([0.0], [0.0]), [0.9, 0.9], atol=0.05)
+    np.testing.assert_allclose(q([1.0], [0.0]), [1.0, 1.0], atol=0.05)
+
+
+def test_sac_probe__action_dependent_reward_gives_right_greedy_action():
+    _, mean = _train_sac_probe("action")
+    assert float(jnp.tanh(mean([1.0]))[0]) == pytest.approx(0.5, abs=0.1)
+    assert float(jnp.tanh(mean([-1.0]))[0]) == pytest.approx(-0.5, abs=0.1)
+
+
+# ---- the kernel's promises -----------------------------------------------------------------
+
+SMALL_PPO = ppo.PPOConfig(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2,
+                          total_timesteps=4 * 32 * 8, updates_per_chunk=2)
+SMALL_SAC = sac.SACConfig(num_envs=2, buffer_size=1000, batch_size=32, learning_starts=64,
+                          updates_per_step=2, total_timesteps=400, steps_per_chunk=10,
+                          hidden=(32, 32))
+
+
+def _setup(name):
+    if name == "ppo":
+        env, params = envs.make("CartPole-v1")
+        return ppo.make(SMALL_PPO, env, params), ppo.PPOHParams.default, "lr"
+    env, params = envs.make("Pendulum-v1")
+    return sac.make(SMALL_SAC, env, params), sac.SACHParams.default, "critic_lr"
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _arrays(tree):
+    """Leaves of a state as plain arrays (PRNG keys as their key data)."""
+    return [jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+            for x in jax.tree.leaves(tree)]
+
+
+def _close(a, b, **kw):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), **kw)
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "sac"])
+def test_kernel__vmapped_configs_by_seeds_equals_one_at_a_time(algo_name):
+    algo, default, lr = _setup(algo_name)
+    lrs = [3e-4, 1e-3]
+    hps = [default(**{lr: v}) for v in lrs]
+    keys = [[jax.random.fold_in(jax.random.key(c), s) for s in range(3)] for c in range(2)]
+    hp_batch = _stack(hps)
+    key_batch = jnp.stack([jnp.stack(k) for k in keys])
+    state = jax.jit(batched(algo.init))(key_batch, hp_batch)
+    run = jax.jit(batched(algo.chunk))
+    for _ in range(2):
+        state, metrics = run(state, hp_batch)
+    init1, chunk1 = jax.jit(algo.init), jax.jit(algo.chunk)
+    for c in range(2):
+        for s in range(3):
+            st = init1(keys[c][s], hps[c])
+            for _ in range(2):
+                st, m = chunk1(st, hps[c])
+            pick = lambda t: jax.tree.map(lambda x: x[c, s], t)
+            np.testing.assert_array_equal(jax.random.key_data(pick(state).key),
+                                          jax.random.key_data(st.key))
+            params_of = (lambda t: t.params) if algo_name == "ppo" else (lambda t: (t.actor, t.critic))
+            _close(params_of(pick(state)), params_of(st), rtol=1e-4, atol=1e-5)
+            _close(pick(metrics), m, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "sac"])
+def test_kernel__init_plus_chunks_equals_one_long_chunk(algo_name):
+    env_name = "CartPole-v1" if algo_name == "ppo" else "Pendulum-v1"
+    env, params = envs.make(env_name)
+    mod, cfg = (ppo, SMALL_PPO) if algo_name == "ppo" else (sac, SMALL_SAC)
+    field = "updates_per_chunk" if algo_name == "ppo" else "steps_per_chunk"
+    k = getattr(cfg, field)
+    short = mod.make(cfg, env, params)
+    long = mod.make(cfg.__class__(**{**cfg.__dict__, field: 3 * k}), env, params)
+    hp = (ppo.PPOHParams if algo_name == "ppo" else sac.SACHParams).default()
+    s1 = jax.jit(short.init)(jax.random.key(5), hp)
+    parts = []
+    for _ in range(3):
+        s1, m = jax.jit(short.chunk)(s1, hp)
+        parts.append(m)
+    s2, m2 = jax.jit(long.chunk)(jax.jit(long.init)(jax.random.key(5), hp), hp)
+    _close(jax.tree.map(lambda *x: jnp.concatenate(x), *parts), m2, rtol=1e-5, atol=1e-5)
+    _close(_arrays(s1), _arrays(s2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "sac"])
+def test_kernel__changing_hyperparameter_values_does_not_recompile(algo_name):
+    algo, default, lr = _setup(algo_name)
+    chex.clear_trace_counter()
+    chunk = jax.jit(chex.assert_max_traces(algo.chunk, n=1))
+    state = jax.jit(algo.init)(jax.random.key(0), default())
+    for value in (1e-4, 3e-3, 0.1):
+        hp = default(**{lr: value, "gamma": 0.9 + value})
+        state, _ = chunk(state, hp)
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "sac"])
+def test_kernel__diverging_config_is_flagged_and_siblings_are_untouched(algo_name):
+    algo, default, lr = _setup(algo_name)
+    good, bad = default(**{lr: 1e-3}), default(**{lr: 1e3})
+    keys = jnp.stack([jnp.stack([jax.random.key(1), jax.random.key(2)])] * 2)
+    init, run = jax.jit(batched(algo.init)), jax.jit(batched(algo.chunk))
+
+    def train(hps):
+        state = init(keys, hps)
+        for _ in range(3):
+            state, metrics = run(state, hps)
+        return state, metrics
+
+    s_mixed, m_mixed = train(_stack([good, bad]))
+    s_clean, m_clean = train(_stack([good, good]))
+    assert bool(m_mixed.diverged[1, :, -1].all()), "lr=1e3 must be flagged as diverged"
+    assert not bool(m_mixed.diverged[0].any())
+    first = lambda t: jax.tree.map(lambda x: np.asarray(x[0]), t)
+    for x, y in zip(jax.tree.leaves(first(m_mixed)), jax.tree.leaves(first(m_clean))):
+        np.testing.assert_array_equal(x, y)
+    s1 = jax.jit(algo.init)(jax.random.key(1), good)
+    for _ in range(3):
+        s1, m1 = jax.jit(algo.chunk)(s1, good)
+    _close(jax.tree.map(lambda x: x[0, 0], m_mixed), m1, rtol=1e-4, atol=1e-4)
