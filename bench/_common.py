@@ -1,0 +1,42 @@
+"""Side-by-side timing helpers for the benchmarks: compile and run measured separately."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+import jax  # noqa: E402
+
+
+def compile_and_time(fn: Callable, *args: Any) -> tuple[Callable, float]:
+    """AOT-compiles ``jax.jit(fn)`` for ``args``; returns the executable and seconds taken."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    return compiled, time.perf_counter() - t0
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Runs ``fn`` to completion (blocking on its arrays); returns its result and seconds."""
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    return out, time.perf_counter() - t0
+
+
+def report(rows: list[dict], ratio_key: int) -> None:
+    """Prints one line per run and the closing ``ratio us/rejax`` at ``ratio_key`` seeds."""
+    print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+    print(f"{'impl':6} {'seeds':>6} {'compile_s':>10} {'run_s':>8} {'steps/s':>12} {'return':>9}")
+    for r in rows:
+        print(f"{r['impl']:6} {r['seeds']:>6} {r['compile_s']:>10.2f} {r['run_s']:>8.2f} "
+              f"{r['sps']:>12,.0f} {r['return']:>9.1f}")
+    by = {(r["impl"], r["seeds"]): r for r in rows}
+    for seeds in sorted({r["seeds"] for r in rows}):
+        if ("us", seeds) in by and ("rejax", seeds) in by:
+            print(f"ratio us/rejax at {seeds} seeds: "
+                  f"{by['us', seeds]['sps'] / by['rejax', seeds]['sps']:.2f}")
+    print(f"ratio us/rejax: {by['us', ratio_key]['sps'] / by['rejax', ratio_key]['sps']:.2f}")

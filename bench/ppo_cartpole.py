@@ -1,0 +1,85 @@
+"""PPO on CartPole-v1: rl-harness against rejax, same process, same hyperparameters.
+
+4 envs x 128 steps, 4 epochs x 4 minibatches, 64x64 tanh MLPs, lr 2.5e-4 (constant: rejax does
+not anneal), ~500k steps per seed; 1 seed and N seeds vmapped in one kernel. Steps/s exclude
+compilation and include one final evaluation of 128 episodes in both.
+
+    python bench/ppo_cartpole.py [--seeds 1 8] [--timesteps 499712]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import _common  # noqa: F401  (sets XLA_FLAGS before jax is imported)
+import jax
+import jax.numpy as jnp
+import numpy as np
+from rejax import PPO
+
+import envs
+from algos import ppo
+from algos.common import batched
+
+HP = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
+          max_grad_norm=0.5)
+EVAL_EPISODES = 128
+
+
+def run_ours(seeds: int, timesteps: int) -> dict:
+    env, params = envs.make("CartPole-v1")
+    base = ppo.PPOConfig(anneal_lr=False, eval_episodes=EVAL_EPISODES, total_timesteps=timesteps)
+    config = ppo.PPOConfig(**{**base.__dict__, "updates_per_chunk": base.num_updates})
+    algo = ppo.make(config, env, params)
+    hp = jax.tree.map(lambda x: x[None], ppo.PPOHParams.default(**HP))
+    keys = jax.random.split(jax.random.key(0), seeds)[None]
+    eval_keys = jax.random.split(jax.random.key(1), seeds)[None]
+
+    def train(keys, hp, eval_keys):
+        state = batched(algo.init)(keys, hp)
+        state, _ = batched(algo.chunk)(state, hp)
+        return batched(algo.evaluate, hparams_argnum=None)(state, eval_keys).return_mean
+
+    fn, compile_s = _common.compile_and_time(train, keys, hp, eval_keys)
+    returns, run_s = _common.timed(lambda: fn(keys, hp, eval_keys))
+    steps = config.num_updates * config.batch_size * seeds
+    return dict(impl="us", seeds=seeds, compile_s=compile_s, run_s=run_s, sps=steps / run_s,
+                **{"return": float(jnp.mean(returns))})
+
+
+def run_rejax(seeds: int, timesteps: int) -> dict:
+    algo = PPO.create(
+        env="CartPole-v1", num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4,
+        learning_rate=HP["lr"], max_grad_norm=HP["max_grad_norm"], gamma=HP["gamma"],
+        gae_lambda=HP["gae_lambda"], clip_eps=HP["clip_eps"], ent_coef=HP["ent_coef"],
+        vf_coef=HP["vf_coef"], total_timesteps=timesteps, eval_freq=timesteps,
+        skip_initial_evaluation=True,
+        agent_kwargs={"activation": "tanh", "hidden_layer_sizes": (64, 64)})
+    keys = jax.random.split(jax.random.key(0), seeds)
+
+    def train(keys):
+        _, (lengths, returns) = jax.vmap(algo.train)(keys)
+        return returns[:, -1].mean(-1)
+
+    fn, compile_s = _common.compile_and_time(train, keys)
+    returns, run_s = _common.timed(lambda: fn(keys))
+    iterations = int(np.ceil(timesteps / 512))
+    return dict(impl="rejax", seeds=seeds, compile_s=compile_s, run_s=run_s,
+                sps=iterations * 512 * seeds / run_s, **{"return": float(jnp.mean(returns))})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--timesteps", type=int, default=976 * 512)
+    args = parser.parse_args()
+    rows = []
+    for seeds in args.seeds:
+        for runner in (run_ours, run_rejax):
+            rows.append(runner(seeds, args.timesteps))
+            print(rows[-1], flush=True)
+    _common.report(rows, ratio_key=max(args.seeds))
+
+
+if __name__ == "__main__":
+    main()
