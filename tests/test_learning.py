@@ -49,7 +49,8 @@ def test_sac__swings_up_pendulum_on_every_seed_within_20k_steps():
 
 def test_sac__balances_continuous_cartpole_on_every_seed():
     env, params = envs.make("ContinuousCartPole-v1")
-    config = sac.SACConfig(hidden=(64, 64), total_timesteps=60_000, steps_per_chunk=500)
+    config = sac.SACConfig(hidden=(64, 64), batch_size=128, total_timesteps=60_000,
+                           steps_per_chunk=500)
     returns, _ = _train_and_evaluate(sac.make(config, env, params), sac.SACHParams.default(),
                                      config.num_chunks)
     assert (returns >= 450).all(), returns
