@@ -23,13 +23,13 @@ from algos.common import (
     EvalMetrics,
     Finished,
     adam,
-    is_diverged,
     evaluate_policy,
     finished_means,
+    is_diverged,
     track_episodes,
 )
 from algos.gae import gae
-from algos.networks import ActorCritic, Activation, ppo_distribution
+from algos.networks import Activation, ActorCritic, ppo_distribution
 from envs import Box, Discrete, Environment
 
 

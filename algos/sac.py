@@ -23,9 +23,9 @@ from algos.common import (
     EpisodeTracker,
     EvalMetrics,
     adam,
-    is_diverged,
     evaluate_policy,
     finished_means,
+    is_diverged,
     track_episodes,
 )
 from algos.networks import SACActor, TwinQ, squashed_gaussian

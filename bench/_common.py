@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from envs.cartpole import CartPole, ContinuousCartPole
 from envs.core import Box, Discrete, Environment, Step, Transition
