@@ -28,6 +28,9 @@ class Discrete:
     shape: tuple[int, ...] = ()
     dtype: Any = jnp.int32
 
+    def __str__(self) -> str:
+        return f"Discrete({self.n})"
+
     def sample(self, key: jax.Array) -> jax.Array:
         return jax.random.randint(key, (), 0, self.n, dtype=self.dtype)
 
@@ -43,6 +46,9 @@ class Box:
     high: float
     shape: tuple[int, ...]
     dtype: Any = jnp.float32
+
+    def __str__(self) -> str:
+        return f"Box({self.low}, {self.high}, {self.shape})"
 
     def sample(self, key: jax.Array) -> jax.Array:
         low = jnp.maximum(self.low, -1e3)

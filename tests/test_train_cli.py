@@ -1,0 +1,38 @@
+"""`python -m harness.train`: bad input gives one clear line and exit status 2; a tiny run works."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.train", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--env", "Foo-v0"], "known envs: CartPole-v1, ContinuousCartPole-v1, Pendulum-v1"),
+    (["--algo", "dqn"], "known algos: ppo, sac"),
+    (["--set", "num_minibatches=3"], "num_minibatches=3 does not divide the batch"),
+    (["--set", "lrr=1"], "unknown setting 'lrr' for ppo; known:"),
+    (["--algo", "sac", "--env", "CartPole-v1"], "SAC needs continuous actions; CartPole-v1 has Discrete(2)"),
+    (["--set", "lr=abc"], "--set lr=abc"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+])
+def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect):
+    result = _run(*args)
+    assert result.returncode == 2
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and expect in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_train_cli__tiny_run_prints_progress_and_evaluation():
+    result = _run("--algo", "ppo", "--seeds", "2", "--timesteps", "2048",
+                  "--set", "updates_per_chunk=2")
+    assert result.returncode == 0, result.stderr
+    assert "chunk   2/2" in result.stdout and "steps/s" in result.stdout
+    assert "seed 1: evaluation return" in result.stdout
