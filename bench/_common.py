@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import Callable
@@ -41,3 +42,17 @@ def report(rows: list[dict], ratio_key: int) -> None:
             print(f"ratio us/rejax at {seeds} seeds: "
                   f"{by['us', seeds]['sps'] / by['rejax', seeds]['sps']:.2f}")
     print(f"ratio us/rejax: {by['us', ratio_key]['sps'] / by['rejax', ratio_key]['sps']:.2f}")
+
+
+def main(doc: str, run_ours: Callable, run_rejax: Callable, *, default_timesteps: int) -> None:
+    """Parses ``--seeds``/``--timesteps``, runs ours then rejax per seed count, prints the report."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--timesteps", type=int, default=default_timesteps)
+    args = parser.parse_args()
+    rows = []
+    for seeds in args.seeds:
+        for runner in (run_ours, run_rejax):
+            rows.append(runner(seeds, args.timesteps))
+            print(rows[-1], flush=True)
+    report(rows, ratio_key=max(args.seeds))

@@ -9,8 +9,6 @@ compilation and include one final evaluation of 128 episodes in both.
 
 from __future__ import annotations
 
-import argparse
-
 import _common  # noqa: F401  (sets XLA_FLAGS before jax is imported)
 import jax
 import jax.numpy as jnp
@@ -68,18 +66,5 @@ def run_rejax(seeds: int, timesteps: int) -> dict:
                 sps=iterations * 512 * seeds / run_s, **{"return": float(jnp.mean(returns))})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--timesteps", type=int, default=976 * 512)
-    args = parser.parse_args()
-    rows = []
-    for seeds in args.seeds:
-        for runner in (run_ours, run_rejax):
-            rows.append(runner(seeds, args.timesteps))
-            print(rows[-1], flush=True)
-    _common.report(rows, ratio_key=max(args.seeds))
-
-
 if __name__ == "__main__":
-    main()
+    _common.main(__doc__, run_ours, run_rejax, default_timesteps=976 * 512)

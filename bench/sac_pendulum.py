@@ -9,8 +9,6 @@ for actor, critics and temperature, tau 0.005, 1000 random warm-up steps, 20k st
 
 from __future__ import annotations
 
-import argparse
-
 import _common  # noqa: F401  (sets XLA_FLAGS before jax is imported)
 import jax
 import jax.numpy as jnp
@@ -32,7 +30,6 @@ def run_ours(seeds: int, timesteps: int) -> dict:
     # Driven in chunks of 250 iterations, as the harness does: on this CPU (jax 0.10.2) the whole
     # run as one 4750-iteration scan hung in its first call at 8 seeds (XLA threads idle).
     config = sac.SACConfig(**{**base.__dict__, "steps_per_chunk": 250})
-    assert config.num_iterations % config.steps_per_chunk == 0
     algo = sac.make(config, env, params)
     hp = jax.tree.map(lambda x: x[None], sac.SACHParams.default(
         actor_lr=LR, critic_lr=LR, alpha_lr=LR, gamma=0.99, tau=0.005))
@@ -53,7 +50,7 @@ def run_ours(seeds: int, timesteps: int) -> dict:
         return evaluate(state, eval_keys).return_mean
 
     returns, run_s = _common.timed(train)
-    steps = (config.warmup_steps + config.num_iterations) * NUM_ENVS * seeds
+    steps = (config.warmup_steps + config.num_chunks * config.steps_per_chunk) * NUM_ENVS * seeds
     return dict(impl="us", seeds=seeds, compile_s=compile_s, run_s=run_s, sps=steps / run_s,
                 **{"return": float(jnp.mean(returns))})
 
@@ -76,18 +73,5 @@ def run_rejax(seeds: int, timesteps: int) -> dict:
                 sps=timesteps * seeds / run_s, **{"return": float(jnp.mean(returns))})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--timesteps", type=int, default=20_000)
-    args = parser.parse_args()
-    rows = []
-    for seeds in args.seeds:
-        for runner in (run_ours, run_rejax):
-            rows.append(runner(seeds, args.timesteps))
-            print(rows[-1], flush=True)
-    _common.report(rows, ratio_key=max(args.seeds))
-
-
 if __name__ == "__main__":
-    main()
+    _common.main(__doc__, run_ours, run_rejax, default_timesteps=20_000)
