@@ -13,6 +13,19 @@ from flax import struct
 from envs import Environment
 
 
+def require_positive(config: Any, *names: str) -> None:
+    """Raises ValueError naming the first of ``config``'s fields ``names`` that is below 1."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{type(config).__name__}.{name} must be >= 1, "
+                             f"got {getattr(config, name)}")
+
+
+def float32_hparams(cls: type, defaults: dict[str, float], overrides: dict[str, float]) -> Any:
+    """``cls`` built from ``defaults`` updated by ``overrides``, every value a float32 scalar."""
+    return cls(**{k: jnp.float32(v) for k, v in {**defaults, **overrides}.items()})
+
+
 @struct.dataclass
 class EpisodeTracker:
     """Running return and length of each parallel environment's current episode."""

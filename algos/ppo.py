@@ -25,7 +25,9 @@ from algos.common import (
     adam,
     evaluate_policy,
     finished_means,
+    float32_hparams,
     is_diverged,
+    require_positive,
     track_episodes,
 )
 from algos.gae import gae
@@ -51,10 +53,8 @@ class PPOConfig:
     divergence_loss: float = 1e7  # |loss| above this (or non-finite) marks a run diverged
 
     def __post_init__(self) -> None:
-        for f in ("num_envs", "num_steps", "num_minibatches", "update_epochs",
-                  "updates_per_chunk", "eval_episodes"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"PPOConfig.{f} must be >= 1, got {getattr(self, f)}")
+        require_positive(self, "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                         "updates_per_chunk", "eval_episodes")
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num_minibatches={self.num_minibatches} does not divide the batch "
@@ -98,10 +98,9 @@ class PPOHParams:
 
     @classmethod
     def default(cls, **overrides: float) -> PPOHParams:
-        values = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01,
-                      vf_coef=0.5, max_grad_norm=0.5)
-        values.update(overrides)
-        return cls(**{k: jnp.float32(v) for k, v in values.items()})
+        defaults = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01,
+                        vf_coef=0.5, max_grad_norm=0.5)
+        return float32_hparams(cls, defaults, overrides)
 
 
 @struct.dataclass

@@ -25,7 +25,9 @@ from algos.common import (
     adam,
     evaluate_policy,
     finished_means,
+    float32_hparams,
     is_diverged,
+    require_positive,
     track_episodes,
 )
 from algos.networks import SACActor, TwinQ, squashed_gaussian
@@ -48,10 +50,8 @@ class SACConfig:
     divergence_loss: float = 1e7  # |loss| above this (or non-finite) marks a run diverged
 
     def __post_init__(self) -> None:
-        for f in ("num_envs", "batch_size", "updates_per_step", "steps_per_chunk",
-                  "eval_episodes"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"SACConfig.{f} must be >= 1, got {getattr(self, f)}")
+        require_positive(self, "num_envs", "batch_size", "updates_per_step", "steps_per_chunk",
+                         "eval_episodes")
         if self.buffer_size % self.num_envs:
             raise ValueError(f"num_envs={self.num_envs} must divide buffer_size={self.buffer_size}")
         if self.warmup_steps * self.num_envs > self.buffer_size:
@@ -85,10 +85,9 @@ class SACHParams:
 
     @classmethod
     def default(cls, **overrides: float) -> SACHParams:
-        values = dict(actor_lr=3e-4, critic_lr=1e-3, alpha_lr=3e-4, gamma=0.99, tau=0.005,
-                      target_entropy_scale=1.0, init_alpha=1.0)
-        values.update(overrides)
-        return cls(**{k: jnp.float32(v) for k, v in values.items()})
+        defaults = dict(actor_lr=3e-4, critic_lr=1e-3, alpha_lr=3e-4, gamma=0.99, tau=0.005,
+                        target_entropy_scale=1.0, init_alpha=1.0)
+        return float32_hparams(cls, defaults, overrides)
 
 
 class _Transition(NamedTuple):

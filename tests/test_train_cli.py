@@ -21,6 +21,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     (["--algo", "sac", "--env", "CartPole-v1"], "SAC needs continuous actions; CartPole-v1 has Discrete(2)"),
     (["--set", "lr=abc"], "--set lr=abc"),
     (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--set", "num_envs=0"], "PPOConfig.num_envs must be >= 1, got 0"),
 ])
 def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect):
     result = _run(*args)
