@@ -29,6 +29,23 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
+def run_rejax(algo: Any, seeds: int, steps_per_seed: int) -> dict:
+    """Compiles and times a rejax algorithm's ``train`` vmapped over ``seeds``; one result row.
+
+    Its single evaluation (``eval_freq = total_timesteps``) is part of the timed run.
+    """
+    keys = jax.random.split(jax.random.key(0), seeds)
+
+    def train(keys: jax.Array) -> jax.Array:
+        _, (_, returns) = jax.vmap(algo.train)(keys)
+        return returns[:, -1].mean(-1)
+
+    fn, compile_s = compile_and_time(train, keys)
+    returns, run_s = timed(lambda: fn(keys))
+    return dict(impl="rejax", seeds=seeds, compile_s=compile_s, run_s=run_s,
+                sps=steps_per_seed * seeds / run_s, **{"return": float(returns.mean())})
+
+
 def report(rows: list[dict], ratio_key: int) -> None:
     """Prints one line per run and the closing ``ratio us/rejax`` at ``ratio_key`` seeds."""
     print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")

@@ -53,17 +53,7 @@ def run_rejax(seeds: int, timesteps: int) -> dict:
         vf_coef=HP["vf_coef"], total_timesteps=timesteps, eval_freq=timesteps,
         skip_initial_evaluation=True,
         agent_kwargs={"activation": "tanh", "hidden_layer_sizes": (64, 64)})
-    keys = jax.random.split(jax.random.key(0), seeds)
-
-    def train(keys):
-        _, (lengths, returns) = jax.vmap(algo.train)(keys)
-        return returns[:, -1].mean(-1)
-
-    fn, compile_s = _common.compile_and_time(train, keys)
-    returns, run_s = _common.timed(lambda: fn(keys))
-    iterations = int(np.ceil(timesteps / 512))
-    return dict(impl="rejax", seeds=seeds, compile_s=compile_s, run_s=run_s,
-                sps=iterations * 512 * seeds / run_s, **{"return": float(jnp.mean(returns))})
+    return _common.run_rejax(algo, seeds, int(np.ceil(timesteps / 512)) * 512)
 
 
 if __name__ == "__main__":

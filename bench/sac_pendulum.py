@@ -61,16 +61,7 @@ def run_rejax(seeds: int, timesteps: int) -> dict:
         fill_buffer=WARMUP, buffer_size=100_000, learning_rate=LR, gamma=0.99, polyak=0.995,
         total_timesteps=timesteps, eval_freq=timesteps, skip_initial_evaluation=True,
         hidden_layer_sizes=(64, 64))
-    keys = jax.random.split(jax.random.key(0), seeds)
-
-    def train(keys):
-        _, (lengths, returns) = jax.vmap(algo.train)(keys)
-        return returns[:, -1].mean(-1)
-
-    fn, compile_s = _common.compile_and_time(train, keys)
-    returns, run_s = _common.timed(lambda: fn(keys))
-    return dict(impl="rejax", seeds=seeds, compile_s=compile_s, run_s=run_s,
-                sps=timesteps * seeds / run_s, **{"return": float(jnp.mean(returns))})
+    return _common.run_rejax(algo, seeds, timesteps)
 
 
 if __name__ == "__main__":
