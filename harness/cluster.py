@@ -1,0 +1,83 @@
+"""Starting or joining Ray, and what each trial gets of the machine.
+
+The embedded local Ray stays on 127.0.0.1 (RAY_FACTS.md: ``_node_ip_address`` alone is not
+enough; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every port on loopback, single node).
+``ray.init`` runs before the driver uses JAX.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+
+class ClusterError(RuntimeError):
+    """Ray could not be started or reached."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Resources per trial and how many trials run at once."""
+
+    kind: str  # "cpu" or "gpu"
+    resources: dict[str, float]
+    slots: int
+    device: dict[str, Any]  # handed to each trial's process setup
+
+
+def _check_reachable(address: str) -> None:
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"--address {address!r} is not host:port, 'auto' or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as err:
+        raise ClusterError(f"cannot reach a Ray cluster at {address} ({err.strerror or err}); "
+                           "start one with `ray start --head` or leave out --address") from None
+
+
+def start(address: str | None) -> str | None:
+    """Joins the Ray cluster at ``address``, or starts an embedded one on 127.0.0.1.
+
+    Returns the dashboard URL when there is one.
+    """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no phoning home
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables off: the harness prints progress
+    import ray
+
+    kwargs: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR,
+                                  configure_logging=True)
+    try:
+        if address:
+            _check_reachable(address)
+            ctx = ray.init(address=address, **kwargs)
+        else:
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            ctx = ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1",
+                           dashboard_host="127.0.0.1", include_dashboard=True, **kwargs)
+    except ClusterError:
+        raise
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        where = address or "a local Ray"
+        raise ClusterError(f"cannot start or reach {where}: {str(err).splitlines()[0]}") from None
+    url = getattr(ctx, "dashboard_url", None)
+    return f"http://{url}" if url and not url.startswith("http") else url
+
+
+def placement(cache_dir: str, *, gpus_per_trial: float = 0.5) -> Placement:
+    """One CPU core per trial on CPU machines (pinned); a share of a GPU where there are GPUs."""
+    import ray
+
+    res = ray.cluster_resources()
+    gpus, cpus = res.get("GPU", 0.0), max(1, int(res.get("CPU", 1)))
+    device: dict[str, Any] = {"cache_dir": cache_dir, "chunk_timeout": 900}
+    if gpus > 0:
+        device["gpu_fraction"] = gpus_per_trial
+        return Placement("gpu", {"cpu": 1, "gpu": gpus_per_trial},
+                         max(1, int(gpus / gpus_per_trial)), device)
+    return Placement("cpu", {"cpu": 1}, cpus, {**device, "pin_cores": True, "cpus": 1})

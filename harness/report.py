@@ -1,0 +1,171 @@
+"""CSV reports from a study's records on disk; no Ray needed.
+
+    python -m harness.report results/cartpole_ppo
+
+writes ``reports/configs.csv`` (one row per configuration: hyperparameters, mean, std, IQM,
+bootstrap 95% CI over seeds, diverged, pruned, rank), ``reports/seeds.csv`` (configuration x
+seed), ``reports/curves.csv`` (configuration x seed x env step) and ``reports/best.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, write_json
+from harness.space import label
+
+
+def iqm(x: np.ndarray) -> float:
+    """Interquartile mean: the mean of the middle 50% (fractional weights at the edges)."""
+    x = np.sort(np.asarray(x, float))
+    n = len(x)
+    if n == 0:
+        return float("nan")
+    lo, hi = 0.25 * n, 0.75 * n
+    weights = np.clip(np.minimum(np.arange(1, n + 1), hi) - np.maximum(np.arange(n), lo), 0, 1)
+    return float(np.sum(weights * x) / np.sum(weights))
+
+
+def bootstrap_ci(x: np.ndarray, *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the mean over seeds (fixed seed: reproducible)."""
+    x = np.asarray(x, float)
+    if len(x) == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = rng.choice(x, size=(resamples, len(x)), replace=True).mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def _param_columns(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: label(tuple(v)) if isinstance(v, list) else v for k, v in params.items()}
+
+
+def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(configs, seeds, curves) from the records under ``root``."""
+    meta = load_meta(root)
+    maximize = meta.get("direction", "maximize") == "maximize"
+    config_rows, seed_rows, curve_rows = [], [], []
+    for rec in load_trials(root):
+        for c in rec["configs"]:
+            cid = config_id(rec["trial"], c["index"])
+            scores = [np.nan if s is None else s for s in (c.get("scores") or [])]
+            diverged = c.get("diverged") or []
+            for s in range(rec["seeds"]):
+                seed_rows.append(dict(
+                    config_id=cid, trial=rec["trial"], seed=s,
+                    score=scores[s] if scores else np.nan,
+                    diverged=bool(diverged[s]) if diverged else False,
+                    status=rec["status"]))
+            finite = np.array([v for v in scores if np.isfinite(v)])
+            lo, hi = bootstrap_ci(finite)
+            config_rows.append(dict(
+                config_id=cid, trial=rec["trial"], optuna_number=c["optuna_number"], status=rec["status"],
+                **_param_columns(c["params"]), seeds=rec["seeds"], env_steps=rec.get("env_steps", 0),
+                mean=finite.mean() if len(finite) else np.nan,
+                std=finite.std(ddof=1) if len(finite) > 1 else np.nan,
+                iqm=iqm(finite), ci_low=lo, ci_high=hi,
+                diverged=any(diverged), pruned=bool(c.get("pruned"))))
+        for point in rec.get("curves", []):
+            for i, row in enumerate(point["returns"]):
+                for s, value in enumerate(row):
+                    curve_rows.append(dict(config_id=config_id(rec["trial"], i), seed=s,
+                                           env_steps=point["env_steps"],
+                                           episode_return=np.nan if value is None else value))
+    configs = pd.DataFrame(config_rows)
+    if len(configs):
+        rankable = (configs.status == "complete") & ~configs.diverged & configs["mean"].notna()
+        ranks = configs.loc[rankable, "mean"].rank(ascending=not maximize, method="min")
+        configs["rank"] = ranks.astype("Int64").reindex(configs.index)
+        configs = configs.sort_values(["rank", "config_id"], na_position="last").reset_index(drop=True)
+    return configs, pd.DataFrame(seed_rows), pd.DataFrame(curve_rows)
+
+
+def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
+    """The best configuration: by its re-evaluation on fresh seeds when the study has one."""
+    meta = load_meta(root)
+    final = load_final(root)
+    maximize = meta.get("direction", "maximize") == "maximize"
+    if final and final["configs"]:
+        def key(c: dict) -> float:
+            vals = [v for v in c["scores"] if v is not None]
+            m = float(np.mean(vals)) if vals and not any(c["diverged"]) else -np.inf
+            return m if maximize else -m
+        top = max(final["configs"], key=key)
+        vals = np.array([v for v in top["scores"] if v is not None], float)
+        row = configs.set_index("config_id").loc[top["config_id"]]
+        lo, hi = bootstrap_ci(vals)
+        return dict(
+            study=meta["study"], config_id=top["config_id"], params=top["params"],
+            search_score=float(row["mean"]),
+            reevaluation=dict(mean=float(vals.mean()) if len(vals) else None,
+                              std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
+                              ci95=[lo, hi], seeds=len(top["scores"]), scores=top["scores"],
+                              diverged=any(top["diverged"])),
+            reproduce=dict(command=top.get("command"), plan=top.get("plan")),
+            candidates=[c["config_id"] for c in final["configs"]])
+    if not len(configs) or configs["rank"].isna().all():
+        return None
+    row = configs.iloc[0]
+    return dict(study=meta["study"], config_id=row.config_id, search_score=float(row["mean"]),
+                reevaluation=None, note="the study has not finished its re-evaluation yet")
+
+
+def build(root: Path) -> dict[str, Path]:
+    """Writes every report under ``root/reports``; returns their paths.
+
+    Raises:
+        RecordsError: ``root`` is not a study's results folder.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise RecordsError(f"no results folder at {root}")
+    configs, seeds, curves = tables(root)
+    out = root / "reports"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / f"{name}.csv" for name in ("configs", "seeds", "curves")}
+    for name, df in (("configs", configs), ("seeds", seeds), ("curves", curves)):
+        tmp = paths[name].with_suffix(".csv.tmp")
+        df.to_csv(tmp, index=False)
+        tmp.replace(paths[name])
+    b = best(root, configs)
+    if b is not None:
+        paths["best"] = out / "best.json"
+        write_json(paths["best"], _jsonable(b))
+    return paths
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float | np.floating):
+        return float(x) if np.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", help="a study's results folder, e.g. results/cartpole_ppo")
+    args = parser.parse_args(argv)
+    try:
+        paths = build(Path(args.results))
+    except RecordsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for p in paths.values():
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

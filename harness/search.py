@@ -1,0 +1,207 @@
+"""Optuna proposes, Ray Tune schedules: a Tune ``Searcher`` that asks Optuna C times per trial.
+
+Each Tune trial is one kernel of C configurations sharing a static config. The first Optuna
+trial of a batch samples everything; the other C-1 are enqueued with the same static values and
+sample only the traced hyperparameters. When the Tune trial ends, each Optuna trial is told its
+own result: COMPLETE with its score, PRUNED when the scheduler stopped the trial early, FAIL when
+it diverged or the trial errored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import optuna
+from ray.tune.search import Searcher
+
+from harness.kernel import TrialPlan
+from harness.space import Categorical, Int, LogUniform, Study, Uniform
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+TRIAL_ATTR = "tune_trial"  # user attr: the Tune trial number an Optuna trial belongs to
+CONFIG_ATTR = "config_index"
+
+
+def open_study(study: Study, storage: str, *, seed: int) -> optuna.Study:
+    """The Optuna study for ``study`` in ``storage`` (created on first use), TPE-sampled."""
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    direction = "maximize" if study.direction == "maximize" else "minimize"
+    return optuna.create_study(study_name=study.name, storage=storage, sampler=sampler,
+                               direction=direction, load_if_exists=True)
+
+
+def suggest(trial: optuna.Trial, space: dict[str, Any]) -> dict[str, Any]:
+    """Values for every name in ``space`` from an Optuna trial (static choices decoded)."""
+    out: dict[str, Any] = {}
+    for name, dist in space.items():
+        if isinstance(dist, LogUniform):
+            out[name] = trial.suggest_float(name, dist.low, dist.high, log=True)
+        elif isinstance(dist, Uniform):
+            out[name] = trial.suggest_float(name, dist.low, dist.high)
+        elif isinstance(dist, Int):
+            out[name] = trial.suggest_int(name, dist.low, dist.high, log=dist.log)
+        elif isinstance(dist, Categorical):
+            out[name] = dist.value(trial.suggest_categorical(name, dist.labels()))
+        else:  # pragma: no cover - Study validation rejects other types
+            raise TypeError(f"unsupported distribution for {name}: {dist!r}")
+    return out
+
+
+def next_trial_number(ostudy: optuna.Study) -> int:
+    numbers = [t.user_attrs.get(TRIAL_ATTR, -1) for t in ostudy.get_trials(deepcopy=False)]
+    return max(numbers, default=-1) + 1
+
+
+class BatchedOptunaSearcher(Searcher):
+    """Proposes one Tune trial = C Optuna trials sharing their static values.
+
+    Args:
+        study: the study definition (search space, fixed config and hyperparameters).
+        ostudy: the Optuna study (its storage keeps the search resumable).
+        static_names: the searched names that are static config fields.
+        configs_per_trial: C.
+        plan_defaults: ``TrialPlan`` fields other than config/hparams/trial (env, algo, seeds, ...).
+        timesteps: env steps per seed.
+        extra: added to every trial's Tune config (device settings).
+        on_complete: called with the trial's record (a dict) when a Tune trial ends, before
+            Optuna is told, so a crash in between is repaired from the record on resume.
+        is_pruned: tells whether the scheduler stopped a Tune trial early.
+    """
+
+    def __init__(self, study: Study, ostudy: optuna.Study, *, static_names: list[str],
+                 configs_per_trial: int, plan_defaults: dict[str, Any], timesteps: int,
+                 extra: dict[str, Any], on_complete: Callable[[dict], None],
+                 is_pruned: Callable[[str], bool]) -> None:
+        super().__init__(metric="score", mode="max" if study.direction == "maximize" else "min")
+        self.study, self.ostudy = study, ostudy
+        self.static_names, self.c = static_names, configs_per_trial
+        self.plan_defaults, self.timesteps, self.extra = plan_defaults, timesteps, extra
+        self.on_complete, self.is_pruned = on_complete, is_pruned
+        self.live: dict[str, tuple[list[optuna.Trial], list[dict[str, Any]], TrialPlan]] = {}
+        self.curves: dict[str, dict[int, dict[str, Any]]] = {}
+        self._next = next_trial_number(ostudy)
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        number, self._next = self._next, self._next + 1
+        first = self.ostudy.ask()
+        points = [suggest(first, self.study.space)]
+        trials = [first]
+        fixed = {n: first.params[n] for n in self.static_names}
+        for _ in range(self.c - 1):
+            self.ostudy.enqueue_trial(fixed)
+            t = self.ostudy.ask()
+            points.append(suggest(t, self.study.space))
+            trials.append(t)
+        for i, t in enumerate(trials):
+            t.set_user_attr(TRIAL_ATTR, number)
+            t.set_user_attr(CONFIG_ATTR, i)
+        static = {n: points[0][n] for n in self.static_names}
+        plan = TrialPlan(
+            config={**self.study.config, **static, "total_timesteps": self.timesteps},
+            hparams=[{**self.study.hparams, **{k: float(v) for k, v in p.items()
+                                               if k not in self.static_names}} for p in points],
+            trial=number, **self.plan_defaults)
+        self.live[trial_id] = (trials, points, plan)
+        return {"plan": asdict(plan), "study": self.study.name, **self.extra}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if "returns" in result and "chunk" in result:
+            self.curves.setdefault(trial_id, {})[int(result["chunk"])] = {
+                "chunk": int(result["chunk"]), "env_steps": int(result["env_steps"]),
+                "returns": result["returns"]}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id not in self.live:
+            return
+        trials, points, plan = self.live.pop(trial_id)
+        if result:  # the last result may arrive only here (e.g. when the scheduler stops a trial)
+            self.on_trial_result(trial_id, result)
+        if result and result.get("final"):
+            status = "complete"
+        elif not error and result is not None and self.is_pruned(trial_id):
+            status = "pruned"
+        else:
+            status = "failed"
+        result = result or {}
+        configs = []
+        for i, (t, p) in enumerate(zip(trials, points, strict=True)):
+            rec: dict[str, Any] = {"index": i, "optuna_number": t.number, "params": p,
+                                   "hparams": plan.hparams[i], "pruned": status == "pruned",
+                                   "scores": result["scores"][i] if status == "complete" else None,
+                                   "diverged": (result.get("diverged") or [None] * len(trials))[i]}
+            if status == "pruned":
+                rec["last_return"] = _mean_finite(result.get("returns", [[]] * len(trials))[i])
+            configs.append(rec)
+        by_chunk = self.curves.pop(trial_id, {})
+        curves = [by_chunk[k] for k in sorted(by_chunk)]
+        record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status,
+                  "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
+                  "env_steps": int(result.get("env_steps", 0)),
+                  **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds")
+                     if k in result}}
+        self.on_complete(record)
+        for t, c in zip(trials, configs, strict=True):
+            if c.get("last_return") is not None:  # pruned: TPE ranks it by how far it got
+                t.report(c["last_return"], step=len(curves))
+        tell(self.ostudy, record)
+
+    def fail_live(self) -> None:
+        """Marks the Optuna trials of every unfinished Tune trial FAIL (used on interruption)."""
+        for trials, _, _ in self.live.values():
+            for t in trials:
+                self.ostudy.tell(t, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        self.live.clear()
+
+    def save(self, checkpoint_path: str) -> None:  # state lives in Optuna's storage and our records
+        pass
+
+    def restore(self, checkpoint_path: str) -> None:
+        pass
+
+
+def config_value(config: dict[str, Any]) -> float | None:
+    """A configuration's score: mean evaluation over its seeds; None if diverged or unscored."""
+    if config.get("scores") is None or any(config.get("diverged") or []):
+        return None
+    return _mean_finite(config["scores"])
+
+
+def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
+    """Tells each Optuna trial of a trial record its state (idempotent)."""
+    for c in record["configs"]:
+        number = c["optuna_number"]
+        if record["status"] == "pruned":
+            ostudy.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+        elif record["status"] == "complete" and config_value(c) is not None:
+            ostudy.tell(number, config_value(c), skip_if_finished=True)
+        else:
+            ostudy.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+
+
+def _mean_finite(values: list[Any]) -> float | None:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def reconcile(ostudy: optuna.Study, records: list[dict[str, Any]]) -> int:
+    """After a killed driver: tells Optuna what the records know; marks the rest FAIL.
+
+    Returns the number of Optuna trials that were left RUNNING or WAITING.
+    """
+    by_number = {c["optuna_number"]: r for r in records for c in r["configs"]}
+    stale = ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,
+                                                      optuna.trial.TrialState.WAITING))
+    for t in stale:
+        if t.state == optuna.trial.TrialState.WAITING:
+            ostudy.ask()  # pops a waiting trial so it can be told
+    done = set()
+    for t in stale:
+        if t.number in by_number and id(by_number[t.number]) not in done:
+            tell(ostudy, by_number[t.number])
+            done.add(id(by_number[t.number]))
+        ostudy.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    return len(stale)

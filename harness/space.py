@@ -1,0 +1,170 @@
+"""Studies as plain data: what to search, over what, with which budget.
+
+A :class:`Study` names an environment, an algorithm, its static config, a search space and a
+budget. Each searched name is either a static config field (changes shapes or loop counts: a
+different value needs a different kernel, so static choices split trials) or a traced
+hyperparameter (shared kernel; the C configurations of a trial differ only in these).
+
+Nothing here imports Ray, Optuna or JAX: studies are framework-neutral data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class StudyError(ValueError):
+    """A study (or the options given for it) that cannot work; the message says why."""
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Int:
+    low: int
+    high: int
+    log: bool = False
+
+
+@dataclass(frozen=True)
+class Categorical:
+    """A choice among ``choices`` (any values; tuples such as layer sizes are fine)."""
+
+    choices: tuple[Any, ...]
+
+    def labels(self) -> list[str]:
+        """Strings naming each choice (what Optuna stores)."""
+        return [label(c) for c in self.choices]
+
+    def value(self, text: str) -> Any:
+        return self.choices[self.labels().index(text)]
+
+
+Distribution = LogUniform | Uniform | Int | Categorical
+
+
+def label(value: Any) -> str:
+    """``(64, 64)`` -> ``"64,64"``; other values as ``str``."""
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much to run: Tune trials, configurations per trial, seeds, env steps per seed."""
+
+    trials: int
+    configs_per_trial: int
+    seeds: int
+    timesteps: int
+
+    def __post_init__(self) -> None:
+        for name in ("trials", "configs_per_trial", "seeds", "timesteps"):
+            if getattr(self, name) < 1:
+                raise StudyError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Study:
+    """A named hyperparameter study.
+
+    Attributes:
+        name: the registry name (``python -m harness.study NAME``).
+        description: one line for ``--list``.
+        env: a registered environment name.
+        algo: a registered algorithm name (``ppo``, ``sac``).
+        config: static config fields fixed for the whole study.
+        space: searched names -> distributions (static fields or hyperparameters).
+        hparams: hyperparameter values fixed for the whole study (not searched).
+        cpu, gpu, smoke: budgets for a CPU machine, a GPU, and ``--smoke``.
+        top_k: configurations re-trained on fresh seeds at the end.
+        final_seeds: seeds for that re-training.
+        seed: the study seed every key is derived from.
+        direction: ``maximize`` the score (evaluation return).
+    """
+
+    name: str
+    description: str
+    env: str
+    algo: str
+    space: dict[str, Distribution]
+    cpu: Budget
+    gpu: Budget
+    smoke: Budget
+    config: dict[str, Any] = field(default_factory=dict)
+    hparams: dict[str, float] = field(default_factory=dict)
+    top_k: int = 3
+    final_seeds: int = 4
+    seed: int = 0
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+    def static_names(self, config_fields: set[str]) -> list[str]:
+        return [n for n in self.space if n in config_fields]
+
+    def traced_names(self, config_fields: set[str]) -> list[str]:
+        return [n for n in self.space if n not in config_fields]
+
+
+def _static_choices(dist: Distribution) -> list[Any]:
+    if isinstance(dist, Categorical):
+        return list(dist.choices)
+    if isinstance(dist, Int) and dist.high - dist.low <= 64:
+        return list(range(dist.low, dist.high + 1))
+    raise StudyError("a static (shape-changing) setting must be Categorical or a small Int range")
+
+
+def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: int) -> None:
+    """Checks that every point of the study's space builds a valid static config.
+
+    Raises:
+        StudyError: an unknown name, an empty range, or a combination of static choices that
+            the algorithm rejects (e.g. ``num_minibatches`` not dividing the batch).
+    """
+    config_fields = {f.name for f in dataclasses.fields(config_cls)}
+    hp_fields = {f.name for f in dataclasses.fields(hparams_cls)}
+    known = sorted(config_fields | hp_fields)
+    for name in [*study.space, *study.config, *study.hparams]:
+        if name not in config_fields | hp_fields:
+            raise StudyError(f"study {study.name}: unknown setting {name!r} for {study.algo}; "
+                             f"known: {', '.join(known)}")
+    for name in study.hparams:
+        if name not in hp_fields:
+            raise StudyError(f"study {study.name}: {name!r} is a static config field; put it in config")
+    for name, dist in study.space.items():
+        if isinstance(dist, LogUniform | Uniform | Int) and not dist.low < dist.high:
+            raise StudyError(f"study {study.name}: {name} range [{dist.low}, {dist.high}] is empty")
+        if isinstance(dist, LogUniform) and dist.low <= 0:
+            raise StudyError(f"study {study.name}: {name} is log-uniform but low={dist.low} <= 0")
+        if isinstance(dist, Categorical) and not dist.choices:
+            raise StudyError(f"study {study.name}: {name} has no choices")
+        if name in hp_fields and isinstance(dist, Categorical) and not all(
+                isinstance(c, int | float) and math.isfinite(c) for c in dist.choices):
+            raise StudyError(f"study {study.name}: hyperparameter {name} must have numeric choices")
+    static = study.static_names(config_fields)
+    try:
+        grids = [_static_choices(study.space[n]) for n in static]
+    except StudyError as err:
+        raise StudyError(f"study {study.name}: {err}") from None
+    for combo in itertools.product(*grids):
+        point = dict(zip(static, combo, strict=True))
+        try:
+            config_cls(**{**study.config, **point, "total_timesteps": timesteps})
+        except (ValueError, TypeError) as err:
+            where = ", ".join(f"{k}={label(v)}" for k, v in point.items())
+            raise StudyError(f"study {study.name}: search space cannot work"
+                             + (f" at {where}" if where else "") + f": {err}") from None

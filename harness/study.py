@@ -1,0 +1,434 @@
+"""Run (or resume) a named hyperparameter study: Ray Tune trials of C configs x S seeds per kernel.
+
+    python -m harness.study cartpole_ppo              # embedded local Ray on 127.0.0.1
+    python -m harness.study cartpole_ppo --smoke      # a tiny budget: about a minute on a laptop
+    python -m harness.study cartpole_ppo --address auto   # an existing Ray cluster
+    python -m harness.study --list
+
+The same command resumes an interrupted study: finished trials are kept, the rest are run.
+Results go to OUT/NAME (OUT/NAME-smoke for --smoke): the Optuna study (SQLite), Ray Tune's
+experiment folders, one JSON record per trial, and reports/ (configs.csv, seeds.csv,
+curves.csv, best.json), rebuilt at any time by `python -m harness.report OUT/NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.cluster import ClusterError
+from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, trial_path, write_json
+from harness.space import Budget, Study, StudyError, label
+
+# Budget options that must stay the same when a study is resumed (trials may grow).
+_FIXED = ("configs_per_trial", "seeds", "timesteps")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.study", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", help="a registered study (see --list)")
+    p.add_argument("--list", action="store_true", help="list the studies with one-line descriptions")
+    p.add_argument("--trials", type=int, help="Ray Tune trials in total (the study's default for the device)")
+    p.add_argument("--configs-per-trial", type=int, help="configurations C trained together in one kernel")
+    p.add_argument("--seeds", type=int, help="training seeds S per configuration")
+    p.add_argument("--timesteps", type=int, help="env steps per seed")
+    p.add_argument("--out", default="results", help="results folder (default: results/)")
+    p.add_argument("--address", help="an existing Ray cluster ('auto' or host:port); default: embedded local Ray")
+    p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the results folder)")
+    p.add_argument("--fresh", action="store_true", help="start over; the old results folder is kept aside")
+    p.add_argument("--smoke", action="store_true", help="a tiny budget (about a minute on a laptop CPU)")
+    p.add_argument("--no-asha", action="store_true", help="run every trial to the end (no early stopping)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    try:
+        if args.list:
+            import studies
+
+            for name, s in studies.registered().items():
+                print(f"{name:16} {s.description}")
+            return 0
+        if not args.name:
+            raise StudyError("name a study (python -m harness.study --list shows them)")
+        return Runner(args, argv).run()
+    except (StudyError, RecordsError, ClusterError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; finished trials are saved. Resume with: {_resume_cmd(argv)}", file=sys.stderr)
+        return 130
+
+
+def _resume_cmd(argv: list[str]) -> str:
+    return shlex.join(["python", "-m", "harness.study", *[a for a in argv if a != "--fresh"]])
+
+
+class Runner:
+    """One invocation of a study: set up, run the missing trials, re-train the best, report."""
+
+    def __init__(self, args: argparse.Namespace, argv: list[str]) -> None:
+        import algos
+        import envs
+        import studies
+
+        self.args, self.argv = args, argv
+        self.study: Study = studies.get(args.name)
+        try:
+            self.spec = algos.get(self.study.algo)
+            envs.make(self.study.env)
+        except (algos.UnknownAlgoError, envs.UnknownEnvError) as err:
+            raise StudyError(f"study {self.study.name}: {err}") from None
+        self.root = Path(args.out).resolve() / (self.study.name + ("-smoke" if args.smoke else ""))
+        self.config_fields = {f.name for f in dataclasses.fields(self.spec.config_cls)}
+        self.started = time.monotonic()
+        self.best: tuple[float, str, dict] | None = None
+        self.running_steps: dict[str, int] = {}
+        self.done = 0
+
+    # -- setup -------------------------------------------------------------------------------
+    def _prepare_folder(self) -> dict[str, Any] | None:
+        if self.args.fresh and self.root.exists():
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            aside = self.root.with_name(f"{self.root.name}.old-{stamp}")
+            self.root.rename(aside)
+            print(f"kept the previous results aside in {aside}")
+        if not self.root.exists():
+            return None
+        if not (self.root / "study.json").exists():
+            if any(self.root.iterdir()):
+                raise StudyError(f"{self.root} exists and is not a study's results folder; "
+                                 "choose another --out or use --fresh")
+            return None
+        meta = load_meta(self.root)
+        if meta.get("study") != self.study.name:
+            raise StudyError(f"{self.root} holds study {meta.get('study')!r}, not {self.study.name!r}; "
+                             "choose another --out or use --fresh")
+        return meta
+
+    def _budget(self, kind: str, meta: dict[str, Any] | None) -> Budget:
+        a = self.args
+        base = self.study.smoke if a.smoke else (self.study.gpu if kind == "gpu" else self.study.cpu)
+        given = {"trials": a.trials, "configs_per_trial": a.configs_per_trial, "seeds": a.seeds,
+                 "timesteps": a.timesteps}
+        values = {**dataclasses.asdict(base), **{k: v for k, v in given.items() if v is not None}}
+        if meta:
+            stored = meta["budget"]
+            for k in _FIXED:
+                if given[k] is not None and given[k] != stored[k]:
+                    raise StudyError(f"{self.root} was started with --{k.replace('_', '-')} {stored[k]}; "
+                                     f"resume with the same value or use --fresh")
+                values[k] = stored[k]
+            if given["trials"] is None:
+                values["trials"] = stored["trials"]
+        return Budget(**values)
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self) -> int:
+        from harness import cluster
+        from harness.space import validate
+
+        meta = self._prepare_folder()
+        # Fail fast, before Ray starts: the budget's values and the search space at its size.
+        early = self._budget("cpu", meta)
+        validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=early.timesteps)
+        dashboard = cluster.start(self.args.address)
+        try:
+            place = cluster.placement(_cache_dir())
+            budget = self._budget(place.kind, meta)
+            validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=budget.timesteps)
+            if meta is None:
+                meta = {"study": self.study.name, "env": self.study.env, "algo": self.study.algo,
+                        "direction": self.study.direction, "seed": self.study.seed,
+                        "budget": dataclasses.asdict(budget), "smoke": self.args.smoke,
+                        "created": datetime.datetime.now().isoformat(timespec="seconds")}
+            meta["budget"] = dataclasses.asdict(budget)
+            write_json(self.root / "study.json", meta)
+            self.budget, self.place = budget, place
+            print(f"study {self.study.name}: {budget.trials} trials x {budget.configs_per_trial} configs x "
+                  f"{budget.seeds} seeds x {budget.timesteps:,} steps on {place.kind} "
+                  f"({place.slots} trials at a time)")
+            print(f"results: {self.root}")
+            if dashboard:
+                print(f"Ray dashboard: {dashboard}")
+            return self._search_and_finish()
+        finally:
+            import ray
+
+            ray.shutdown()
+
+    def _search_and_finish(self) -> int:
+        from harness import report
+        from harness.search import open_study, reconcile
+
+        storage = self.args.storage or f"sqlite:///{self.root / 'optuna.db'}"
+        records = load_trials(self.root)
+        for rec in records:
+            self._note_best(rec)
+        self.done = len(records)
+        # The sampler's seed moves on with the study, so a resumed study does not replay the
+        # proposals it made before it was interrupted.
+        ostudy = open_study(self.study, storage,
+                            seed=self.study.seed * 1_000_003 + _count_trials(storage, self.study.name))
+        stale = reconcile(ostudy, records)
+        if self.done or stale:
+            print(f"resuming: {self.done} trials recorded" + (f", {stale} interrupted Optuna trials marked FAIL"
+                                                            if stale else ""))
+        remaining = self.budget.trials - self.done
+        if remaining > 0:
+            interrupted = self._tune(ostudy, remaining)
+            if interrupted:
+                report.build(self.root)
+                print(f"\ninterrupted: {self.done}/{self.budget.trials} trials saved in {self.root}. "
+                      f"Resume with: {_resume_cmd(self.argv)}", file=sys.stderr)
+                return 130
+        self._final()
+        paths = report.build(self.root)
+        self._summary(paths)
+        return 0
+
+    def _tune(self, ostudy: Any, remaining: int) -> bool:
+        """Runs ``remaining`` Tune trials; True when the run was interrupted."""
+        from ray import tune
+        from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+        from harness.search import BatchedOptunaSearcher
+        from harness.trainable import train_trial
+
+        class RecordingASHA(ASHAScheduler):
+            stopped: set[str] = set()
+
+            def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+                action = super().on_trial_result(tune_controller, trial, result)
+                if action == TrialScheduler.STOP:
+                    self.stopped.add(trial.trial_id)
+                return action
+
+        chunks = self._max_chunks()
+        scheduler = None if self.args.no_asha or chunks < 3 else RecordingASHA(
+            time_attr="training_iteration", metric="score", mode="max" if self.study.direction == "maximize"
+            else "min", max_t=chunks, grace_period=max(1, chunks // 3), reduction_factor=3)
+        searcher = BatchedOptunaSearcher(
+            self.study, ostudy, static_names=self.study.static_names(self.config_fields),
+            configs_per_trial=self.budget.configs_per_trial,
+            plan_defaults=dict(env=self.study.env, algo=self.study.algo, seeds=self.budget.seeds,
+                               study_seed=self.study.seed),
+            timesteps=self.budget.timesteps, extra={"device": self.place.device},
+            on_complete=self._on_record,
+            is_pruned=lambda tid: scheduler is not None and tid in RecordingASHA.stopped)
+        runs = len(list((self.root / "tune").glob("run-*"))) if (self.root / "tune").exists() else 0
+        tuner = tune.Tuner(
+            tune.with_resources(train_trial, self.place.resources),
+            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,
+                                        max_concurrent_trials=self.place.slots, reuse_actors=True,
+                                        trial_dirname_creator=_trial_dirname),
+            run_config=tune.RunConfig(name=f"run-{runs}", storage_path=str(self.root / "tune"), verbose=0,
+                                      callbacks=[_Progress(self)],
+                                      failure_config=tune.FailureConfig(max_failures=2)))
+        try:
+            tuner.fit()
+        finally:
+            searcher.fail_live()
+        return self.done < self.budget.trials
+
+    def _max_chunks(self) -> int:
+        import itertools
+
+        from harness.space import _static_choices
+
+        names = self.study.static_names(self.config_fields)
+        most = 1
+        for combo in itertools.product(*[_static_choices(self.study.space[n]) for n in names]):
+            cfg = self.spec.config_cls(**{**self.study.config, **dict(zip(names, combo, strict=True)),
+                                          "total_timesteps": self.budget.timesteps})
+            most = max(most, cfg.num_chunks)
+        return most
+
+    # -- records and progress ----------------------------------------------------------------
+    def _on_record(self, record: dict[str, Any]) -> None:
+        from harness import report
+
+        write_json(trial_path(self.root, record["trial"]), record)
+        self.done += 1
+        self.running_steps.pop(record["tune_trial_id"], None)
+        self._note_best(record)
+        report.build(self.root)
+        from harness.search import config_value
+
+        values = [v for c in record["configs"] if (v := config_value(c)) is not None]
+        what = {"complete": f"best of its {len(record['configs'])} configs "
+                            f"{max(values):.1f}" if values else "all configs diverged",
+                "pruned": "stopped early by ASHA", "failed": "FAILED"}[record["status"]]
+        best = ""
+        if self.best:
+            best = f" | study best {self.best[0]:.1f} ({self.best[1]}: {_fmt(self.best[2])})"
+        print(f"[{self.done}/{self.budget.trials}] trial {record['trial']}: {what}{best}", flush=True)
+
+    def _note_best(self, record: dict[str, Any]) -> None:
+        from harness.search import config_value
+
+        sign = 1 if self.study.direction == "maximize" else -1
+        for c in record["configs"]:
+            v = config_value(c) if record["status"] == "complete" else None
+            if v is not None and (self.best is None or sign * v > sign * self.best[0]):
+                self.best = (v, config_id(record["trial"], c["index"]), c["params"])
+
+    # -- the end ------------------------------------------------------------------------------
+    def _final(self) -> None:
+        """Re-trains the top-k configurations on fresh seeds (once per set of recorded trials)."""
+        from harness import report
+        from harness.kernel import FINAL, TrialPlan
+
+        records = load_trials(self.root)
+        numbers = sorted(r["trial"] for r in records)
+        final = load_final(self.root)
+        if final and final.get("trials") == numbers:
+            return
+        configs, _, _ = report.tables(self.root)
+        top = configs[configs["rank"].notna()].head(self.study.top_k)
+        if not len(top):
+            print("no configuration finished without diverging; nothing to re-evaluate")
+            return
+        by_id = {config_id(r["trial"], c["index"]): (r, c) for r in records for c in r["configs"]}
+        groups: dict[str, list[str]] = {}
+        for cid in top["config_id"]:
+            groups.setdefault(repr(sorted(by_id[cid][0]["static"].items())), []).append(cid)
+        plans = []
+        for g, ids in enumerate(groups.values()):
+            plans.append(TrialPlan(env=self.study.env, algo=self.study.algo,
+                                   config=by_id[ids[0]][0]["static"],
+                                   hparams=[by_id[i][1]["hparams"] for i in ids], seeds=self.study.final_seeds,
+                                   trial=g, study_seed=self.study.seed, stream=FINAL))
+        print(f"re-training the top {len(top)} configurations on {self.study.final_seeds} fresh seeds ...",
+              flush=True)
+        results = self._run_plans(plans)
+        out = []
+        for plan, ids, res in zip(plans, groups.values(), results, strict=True):
+            for i, cid in enumerate(ids):
+                rec, c = by_id[cid]
+                out.append({"config_id": cid, "params": c["params"], "hparams": c["hparams"],
+                            "static": rec["static"],
+                            "scores": res["scores"][i] if res else [None] * plan.seeds,
+                            "diverged": res["diverged"][i] if res else [True] * plan.seeds,
+                            "plan": {**dataclasses.asdict(plan), "config_index": i},
+                            "command": self._train_command(rec["static"], c["hparams"])})
+        write_json(self.root / "final.json", {"trials": numbers, "configs": out})
+
+    def _run_plans(self, plans: list[Any]) -> list[dict[str, Any] | None]:
+        from dataclasses import asdict
+
+        from ray import tune
+
+        from harness.trainable import train_trial
+
+        runs = len(list((self.root / "tune").glob("*"))) if (self.root / "tune").exists() else 0
+        tuner = tune.Tuner(
+            tune.with_resources(train_trial, self.place.resources),
+            param_space={"plan": tune.grid_search([asdict(p) for p in plans]), "device": self.place.device},
+            tune_config=tune.TuneConfig(max_concurrent_trials=self.place.slots, reuse_actors=True,
+                                        trial_dirname_creator=_trial_dirname),
+            run_config=tune.RunConfig(name=f"final-{runs}", storage_path=str(self.root / "tune"), verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=2)))
+        grid = tuner.fit()
+        out: list[dict[str, Any] | None] = [None] * len(plans)
+        for r in grid:
+            if r.error is None and r.metrics.get("final"):
+                trial = r.config["plan"]["trial"]
+                out[trial] = r.metrics
+        return out
+
+    def _train_command(self, static: dict[str, Any], hparams: dict[str, float]) -> str:
+        sets = [f"{k}={label(tuple(v) if isinstance(v, list) else v)}" for k, v in static.items()
+                if k != "total_timesteps"] + [f"{k}={v:.6g}" for k, v in hparams.items()]
+        args = ["python", "-m", "harness.train", "--algo", self.study.algo, "--env", self.study.env,
+                "--seeds", str(self.study.final_seeds), "--timesteps", str(static["total_timesteps"])]
+        for s in sets:
+            args += ["--set", s]
+        return shlex.join(args)
+
+    def _summary(self, paths: dict[str, Path]) -> None:
+        import json
+
+        minutes = (time.monotonic() - self.started) / 60
+        print(f"done: {self.done} trials in {minutes:.1f} min")
+        if "best" in paths:
+            b = json.loads(paths["best"].read_text())
+            ev = b.get("reevaluation")
+            if ev and ev.get("mean") is not None:
+                print(f"best: {b['config_id']} re-evaluated {ev['mean']:.1f} (95% CI {ev['ci95'][0]:.1f}"
+                      f"..{ev['ci95'][1]:.1f}) on {ev['seeds']} fresh seeds; search score "
+                      f"{b['search_score']:.1f}")
+                print(f"  {_fmt(b['params'])}")
+                print(f"  reproduce: {b['reproduce']['command']}")
+        print(f"reports: {paths['configs'].parent}/ ({', '.join(p.name for p in paths.values())})")
+
+
+def _cache_dir() -> str:
+    """JAX's persistent compilation cache, shared by every study and trial process on a node."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rl-harness", "jax")
+
+
+def _trial_dirname(trial: Any) -> str:
+    return f"trial_{trial.trial_id}"
+
+
+def _count_trials(storage: str, name: str) -> int:
+    import optuna
+
+    try:
+        return len(optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False))
+    except KeyError:
+        return 0
+
+
+def _fmt(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={label(v)}" for k, v in params.items())
+
+
+class _Progress:
+    """A Tune callback printing throughput every 15 s: trials done, running, env steps/s."""
+
+    def __new__(cls, runner: Runner) -> Any:
+        from ray import tune
+
+        class Progress(tune.Callback):
+            def __init__(self) -> None:
+                self.last_print = time.monotonic()
+                self.steps_done = 0  # from finished trials
+                self.last_steps = 0
+
+            def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+                plan = trial.config["plan"]
+                runner.running_steps[trial.trial_id] = int(result.get("env_steps", 0)) * plan["seeds"] * len(
+                    plan["hparams"])
+                now = time.monotonic()
+                if now - self.last_print >= 15:
+                    steps = self.steps_done + sum(runner.running_steps.values())
+                    rate = (steps - self.last_steps) / (now - self.last_print)
+                    self.last_print, self.last_steps = now, steps
+                    best = f", best {runner.best[0]:.1f} ({runner.best[1]})" if runner.best else ""
+                    print(f"  {runner.done}/{runner.budget.trials} trials done, "
+                          f"{sum(t.status == 'RUNNING' for t in trials)} running{best}; "
+                          f"{steps:,} env steps, {rate:,.0f} steps/s", flush=True)
+
+            def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+                plan = trial.config["plan"]
+                last = trial.last_result or {}
+                self.steps_done += int(last.get("env_steps", 0)) * plan["seeds"] * len(plan["hparams"])
+
+        return Progress()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

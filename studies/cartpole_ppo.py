@@ -1,0 +1,23 @@
+"""PPO on CartPole-v1: learning rate, discounting, clipping, entropy; minibatch count is static."""
+
+from harness.space import Budget, Categorical, LogUniform, Study, Uniform
+
+STUDY = Study(
+    name="cartpole_ppo",
+    description="PPO on CartPole-v1: lr, gamma, GAE lambda, clip, entropy, value coef; minibatches",
+    env="CartPole-v1",
+    algo="ppo",
+    config=dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10),
+    space=dict(
+        lr=LogUniform(1e-4, 3e-3),
+        gamma=Uniform(0.95, 0.999),
+        gae_lambda=Uniform(0.8, 0.99),
+        clip_eps=Uniform(0.1, 0.3),
+        ent_coef=LogUniform(1e-4, 3e-2),
+        vf_coef=Uniform(0.25, 1.0),
+        num_minibatches=Categorical((4, 8)),  # static: splits trials
+    ),
+    cpu=Budget(trials=12, configs_per_trial=4, seeds=3, timesteps=300_000),
+    gpu=Budget(trials=16, configs_per_trial=64, seeds=16, timesteps=500_000),
+    smoke=Budget(trials=2, configs_per_trial=2, seeds=2, timesteps=20_480),
+)

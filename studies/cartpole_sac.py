@@ -1,0 +1,23 @@
+"""SAC on ContinuousCartPole-v1 (force in [-1, 1]): learning rates, gamma, tau, batch size."""
+
+from harness.space import Budget, Categorical, LogUniform, Study, Uniform
+
+STUDY = Study(
+    name="cartpole_sac",
+    description="SAC on ContinuousCartPole-v1: learning rates, gamma, tau, entropy target; batch size",
+    env="ContinuousCartPole-v1",
+    algo="sac",
+    config=dict(hidden=(64, 64), num_envs=4, updates_per_step=1, steps_per_chunk=500),
+    space=dict(
+        actor_lr=LogUniform(1e-4, 3e-3),
+        critic_lr=LogUniform(1e-4, 3e-3),
+        alpha_lr=LogUniform(1e-4, 3e-3),
+        gamma=Uniform(0.95, 0.995),
+        tau=LogUniform(1e-3, 5e-2),
+        target_entropy_scale=Uniform(0.25, 1.5),
+        batch_size=Categorical((128, 256)),  # static: splits trials
+    ),
+    cpu=Budget(trials=6, configs_per_trial=2, seeds=2, timesteps=40_000),
+    gpu=Budget(trials=12, configs_per_trial=32, seeds=8, timesteps=60_000),
+    smoke=Budget(trials=2, configs_per_trial=2, seeds=2, timesteps=3_000),
+)

@@ -1,0 +1,287 @@
+"""`python -m harness.study` as a user runs it: bad input, end to end, resume after SIGINT/SIGKILL,
+crashing workers, diverging configurations, an existing Ray cluster. Every Ray process a test
+starts is stopped (each test runs Ray under its own RAY_TMPDIR and checks nothing is left)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from harness import report
+from harness.records import load_trials
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "20480", "--no-asha"]
+
+
+@pytest.fixture(scope="session")
+def cache_home(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("xdg-cache"))  # JAX compile cache shared by these tests
+
+
+@pytest.fixture
+def ray_env(cache_home):
+    """An environment with a private RAY_TMPDIR; afterwards, no process may still use it."""
+    tmp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    env = {**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": str(ROOT)}
+    yield env
+    leftover = _ray_processes(tmp)
+    for pid in leftover:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert not leftover, f"Ray processes left running: {leftover}"
+
+
+def _ray_processes(tmp: str) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if tmp in cmd or f"RAY_TMPDIR={tmp}".encode() in env:
+            out.append(int(pid))
+    return out
+
+
+def _study(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.study", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def _one_error_line(result: subprocess.CompletedProcess, expect: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and expect in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _write_study(path: Path, body: str) -> Path:
+    path.write_text("from harness.space import *\n" + textwrap.dedent(body))
+    return path
+
+
+# -- bad input: one line, exit 2, no Ray started --------------------------------------------------
+
+def test_study_cli__unknown_study_lists_known_ones(tmp_path):
+    _one_error_line(_study("nope", "--out", str(tmp_path)),
+                    "unknown study 'nope'; known studies: cartpole_ppo, cartpole_sac, pendulum_sac")
+
+
+def test_study_cli__search_space_that_cannot_work(tmp_path):
+    f = _write_study(tmp_path / "bad.py", """
+        STUDY = Study(name="bad", description="x", env="CartPole-v1", algo="ppo",
+                      config=dict(num_envs=4, num_steps=128),
+                      space=dict(lr=LogUniform(1e-4, 1e-3), num_minibatches=Categorical((4, 3))),
+                      cpu=Budget(1, 1, 1, 2048), gpu=Budget(1, 1, 1, 2048), smoke=Budget(1, 1, 1, 2048))
+    """)
+    _one_error_line(_study(str(f), "--out", str(tmp_path), "--address", "127.0.0.1:1"),
+                    "search space cannot work at num_minibatches=3: num_minibatches=3 does not divide")
+
+
+def test_study_cli__malformed_study_file(tmp_path):
+    f = tmp_path / "broken.py"
+    f.write_text("STUDY = Study(\n")
+    _one_error_line(_study(str(f), "--out", str(tmp_path)), "broken.py:1 failed: SyntaxError")
+
+
+def test_study_cli__results_folder_of_another_study(tmp_path):
+    (tmp_path / "cartpole_ppo").mkdir()
+    (tmp_path / "cartpole_ppo" / "study.json").write_text(json.dumps({"study": "pendulum_sac"}))
+    _one_error_line(_study("cartpole_ppo", "--out", str(tmp_path)),
+                    "holds study 'pendulum_sac', not 'cartpole_ppo'")
+
+
+def test_study_cli__unreachable_address(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _one_error_line(_study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--address", f"127.0.0.1:{port}"),
+                    f"cannot reach a Ray cluster at 127.0.0.1:{port}")
+
+
+def test_study_cli__bad_budget_value(tmp_path):
+    _one_error_line(_study("cartpole_ppo", "--seeds", "0", "--out", str(tmp_path)), "seeds must be >= 1, got 0")
+
+
+def test_report_cli__missing_results_folder(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "harness.report", str(tmp_path / "nothing")],
+                       capture_output=True, text=True, cwd=ROOT)
+    _one_error_line(r, f"no results folder at {tmp_path / 'nothing'}")
+
+
+def test_study_cli__list_names_every_study():
+    r = _study("--list")
+    assert r.returncode == 0
+    assert [ln.split()[0] for ln in r.stdout.splitlines()] == ["cartpole_ppo", "cartpole_sac", "pendulum_sac"]
+
+
+# -- the searcher tells Optuna each configuration's own result ------------------------------------
+
+def test_searcher__diverged_config_fails_in_optuna_while_sibling_completes(tmp_path):
+    import studies
+    from harness.search import BatchedOptunaSearcher, open_study
+
+    study = studies.get("cartpole_ppo")
+    ostudy = open_study(study, f"sqlite:///{tmp_path / 'o.db'}", seed=0)
+    records = []
+    s = BatchedOptunaSearcher(study, ostudy, static_names=["num_minibatches"], configs_per_trial=3,
+                              plan_defaults=dict(env="CartPole-v1", algo="ppo", seeds=2),
+                              timesteps=2048, extra={}, on_complete=records.append, is_pruned=lambda t: False)
+    cfg = s.suggest("a")
+    assert len({h["lr"] for h in cfg["plan"]["hparams"]}) == 3  # three proposals ...
+    assert len({t.params["num_minibatches"] for t in ostudy.trials}) == 1  # ... sharing the static choice
+    s.on_trial_complete("a", {"final": True, "scores": [[1.0, 3.0], [None, None], [5.0, 5.0]],
+                              "diverged": [[False, False], [True, True], [False, False]],
+                              "env_steps": 2048, "chunk": 1, "returns": [[1, 1], [None, None], [2, 2]]})
+    states = [t.state.name for t in ostudy.trials]
+    assert states == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert [t.value for t in ostudy.trials if t.value is not None] == [2.0, 5.0]
+    assert records[0]["status"] == "complete" and records[0]["configs"][1]["diverged"] == [True, True]
+
+
+# -- end to end ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_study__smoke_run_writes_reports(tmp_path, ray_env):
+    r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), env=ray_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "results:" in r.stdout and "best:" in r.stdout and "[2/2]" in r.stdout
+    root = tmp_path / "cartpole_ppo-smoke"
+    configs = pd.read_csv(root / "reports" / "configs.csv")
+    seeds = pd.read_csv(root / "reports" / "seeds.csv")
+    curves = pd.read_csv(root / "reports" / "curves.csv")
+    assert {"config_id", "lr", "gamma", "num_minibatches", "mean", "std", "iqm", "ci_low", "ci_high",
+            "diverged", "pruned", "rank"} <= set(configs.columns)
+    assert len(configs) == 2 * 2 and len(seeds) == len(configs) * 2
+    assert sorted(seeds.groupby("config_id").size().unique()) == [2]
+    complete = seeds[seeds.status == "complete"]
+    assert len(complete) and complete.score.notna().all() and (complete.score > 0).all()
+    assert curves.env_steps.max() == 20_480 and curves.episode_return.notna().any()
+    best = json.loads((root / "reports" / "best.json").read_text())
+    assert best["reevaluation"]["seeds"] == 4 and best["reevaluation"]["mean"] > 0
+    assert "harness.train" in best["reproduce"]["command"]
+    # the reports rebuild from disk without Ray, identically
+    before = {p.name: p.read_text() for p in (root / "reports").iterdir()}
+    assert subprocess.run([sys.executable, "-m", "harness.report", str(root)], cwd=ROOT).returncode == 0
+    assert {p.name: p.read_text() for p in (root / "reports").iterdir()} == before
+
+
+def _interrupt_then_resume(tmp_path, env, sig):
+    args = ["cartpole_ppo", *TINY, "--out", str(tmp_path)]
+    root = tmp_path / "cartpole_ppo"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.study", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while not list((root / "trials").glob("*.json")) if root.exists() else True:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else ""
+        time.sleep(0.5)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    kept = {p.name: p.read_text() for p in (root / "trials").glob("*.json")}
+    assert 1 <= len(kept) < 3, out
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, out
+        assert "Resume with: python -m harness.study cartpole_ppo" in out
+    else:
+        assert proc.returncode == -signal.SIGKILL
+        for pid in _ray_processes(env["RAY_TMPDIR"]):  # what a SIGKILLed driver leaves behind
+            os.kill(pid, signal.SIGKILL)
+    r = _study(*args, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"resuming: {len(kept)} trials recorded" in r.stdout
+    records = load_trials(root)
+    assert len(records) == 3
+    assert all((root / "trials" / name).read_text() == text for name, text in kept.items())  # not re-run
+    ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
+    states = {t.state.name for t in ostudy.trials}
+    assert not states & {"RUNNING", "WAITING"}, states
+    recorded = {c["optuna_number"] for rec in records for c in rec["configs"]}
+    assert {t.number for t in ostudy.trials if t.state.name == "COMPLETE"} <= recorded
+    before = {p.name: p.read_text() for p in (root / "reports").iterdir()}
+    report.build(root)
+    assert {p.name: p.read_text() for p in (root / "reports").iterdir()} == before
+
+
+@pytest.mark.slow
+def test_study__sigint_then_same_command_finishes_without_rerunning(tmp_path, ray_env):
+    _interrupt_then_resume(tmp_path, ray_env, signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_study__sigkill_then_same_command_finishes_without_rerunning(tmp_path, ray_env):
+    _interrupt_then_resume(tmp_path, ray_env, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_study__killed_worker_is_retried_and_one_that_keeps_failing_is_recorded(tmp_path, ray_env):
+    env = {**ray_env, "RL_HARNESS_CRASH": f"1:1:{tmp_path}"}  # trial 1's worker dies once, mid-trial
+    r = _study("cartpole_ppo", *TINY, "--trials", "2", "--out", str(tmp_path / "a"), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [rec["status"] for rec in load_trials(tmp_path / "a" / "cartpole_ppo")] == ["complete", "complete"]
+    assert (tmp_path / "crash-1-0").exists()
+
+    env = {**ray_env, "RL_HARNESS_CRASH": f"0:99:{tmp_path}"}  # trial 0's worker always dies
+    r = _study("cartpole_ppo", *TINY, "--trials", "2", "--out", str(tmp_path / "b"), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    records = load_trials(tmp_path / "b" / "cartpole_ppo")
+    assert [rec["status"] for rec in records] == ["failed", "complete"]
+    assert len(list(tmp_path.glob("crash-0-*"))) == 3  # first attempt + 2 retries
+    ostudy = optuna.load_study(study_name="cartpole_ppo",
+                               storage=f"sqlite:///{tmp_path / 'b' / 'cartpole_ppo' / 'optuna.db'}")
+    assert [t.state.name for t in ostudy.trials][:2] == ["FAIL", "FAIL"]
+    configs = pd.read_csv(tmp_path / "b" / "cartpole_ppo" / "reports" / "configs.csv")
+    assert set(configs[configs.trial == 0].status) == {"failed"} and configs[configs.trial == 0]["rank"].isna().all()
+
+
+@pytest.mark.slow
+def test_study__diverging_configurations_are_recorded_as_diverged(tmp_path, ray_env):
+    f = _write_study(tmp_path / "explode.py", """
+        STUDY = Study(name="explode", description="lr far too large", env="CartPole-v1", algo="ppo",
+                      space=dict(lr=LogUniform(1e2, 1e3)), config=dict(updates_per_chunk=2),
+                      cpu=Budget(1, 2, 2, 4096), gpu=Budget(1, 2, 2, 4096), smoke=Budget(1, 2, 2, 4096))
+    """)
+    r = _study(str(f), "--out", str(tmp_path), "--no-asha", env=ray_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all configs diverged" in r.stdout
+    configs = pd.read_csv(tmp_path / "explode" / "reports" / "configs.csv")
+    assert configs.diverged.all() and configs["rank"].isna().all()
+    ostudy = optuna.load_study(study_name="explode", storage=f"sqlite:///{tmp_path / 'explode' / 'optuna.db'}")
+    assert [t.state.name for t in ostudy.trials] == ["FAIL", "FAIL"]
+
+
+@pytest.mark.slow
+def test_study__runs_on_an_existing_ray_cluster(tmp_path, ray_env):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    ray = str(Path(sys.executable).parent / "ray")
+    subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                    "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--disable-usage-stats"],
+                   check=True, env=env, capture_output=True, timeout=120)
+    try:
+        r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--address", f"127.0.0.1:{port}", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len(load_trials(tmp_path / "cartpole_ppo-smoke")) == 2
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
