@@ -41,6 +41,16 @@ def _check_reachable(address: str) -> None:
                            "start one with `ray start --head` or leave out --address") from None
 
 
+def _use_token_if_any() -> None:
+    """Ray 2.60 clusters require a token by default, but a connecting driver sends one only
+    when RAY_AUTH_MODE=token; turn that on when a token is at hand (env or ~/.ray/auth_token)."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def start(address: str | None) -> str | None:
     """Joins the Ray cluster at ``address``, or starts an embedded one on 127.0.0.1.
 
@@ -48,6 +58,11 @@ def start(address: str | None) -> str | None:
     """
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no phoning home
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables off: the harness prints progress
+    loopback = not address or address.rpartition(":")[0] in ("127.0.0.1", "localhost")
+    if loopback:  # read by ray at import: keeps Ray from swapping 127.0.0.1 for the routable address
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if address:
+        _use_token_if_any()  # read at import too
     import ray
 
     kwargs: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR,
@@ -55,9 +70,10 @@ def start(address: str | None) -> str | None:
     try:
         if address:
             _check_reachable(address)
+            if loopback:
+                kwargs["_node_ip_address"] = "127.0.0.1"  # a head on loopback: join it there
             ctx = ray.init(address=address, **kwargs)
         else:
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             ctx = ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1",
                            dashboard_host="127.0.0.1", include_dashboard=True, **kwargs)
     except ClusterError:

@@ -93,11 +93,12 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
     maximize = meta.get("direction", "maximize") == "maximize"
     if final and final["configs"]:
         def key(c: dict) -> float:
-            vals = [v for v in c["scores"] if v is not None]
-            m = float(np.mean(vals)) if vals and not any(c["diverged"]) else -np.inf
-            return m if maximize else -m
+            vals = [v for v in c["scores"] or [] if v is not None]
+            if not vals or any(c["diverged"] or []):
+                return -np.inf
+            return float(np.mean(vals)) * (1 if maximize else -1)
         top = max(final["configs"], key=key)
-        vals = np.array([v for v in top["scores"] if v is not None], float)
+        vals = np.array([v for v in top["scores"] or [] if v is not None], float)
         row = configs.set_index("config_id").loc[top["config_id"]]
         lo, hi = bootstrap_ci(vals)
         return dict(
@@ -105,8 +106,8 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
             search_score=float(row["mean"]),
             reevaluation=dict(mean=float(vals.mean()) if len(vals) else None,
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
-                              ci95=[lo, hi], seeds=len(top["scores"]), scores=top["scores"],
-                              diverged=any(top["diverged"])),
+                              ci95=[lo, hi], seeds=top["plan"]["seeds"], scores=top["scores"],
+                              diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
             reproduce=dict(command=top.get("command"), plan=top.get("plan")),
             candidates=[c["config_id"] for c in final["configs"]])
     if not len(configs) or configs["rank"].isna().all():

@@ -318,8 +318,8 @@ class Runner:
                 rec, c = by_id[cid]
                 out.append({"config_id": cid, "params": c["params"], "hparams": c["hparams"],
                             "static": rec["static"],
-                            "scores": res["scores"][i] if res else [None] * plan.seeds,
-                            "diverged": res["diverged"][i] if res else [True] * plan.seeds,
+                            "scores": res["scores"][i] if res else None,
+                            "diverged": res["diverged"][i] if res else None, "failed": res is None,
                             "plan": {**dataclasses.asdict(plan), "config_index": i},
                             "command": self._train_command(rec["static"], c["hparams"])})
         write_json(self.root / "final.json", {"trials": numbers, "configs": out})

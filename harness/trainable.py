@@ -117,7 +117,7 @@ def train_trial(config: dict[str, Any]) -> None:
 
     def on_chunk(r: Any) -> None:
         watchdog.beat()
-        _maybe_crash(plan.trial, r.chunk)
+        _maybe_crash(plan, r.chunk)
         returns, diverged = _floats(r.returns), r.diverged.tolist()
         last.update(env_steps=r.env_steps, returns=returns, diverged=diverged,
                     steps_per_sec=r.steps_per_sec, kernel_seconds=r.kernel_seconds,
@@ -136,12 +136,13 @@ def train_trial(config: dict[str, Any]) -> None:
                  "trial_seconds": time.perf_counter() - started})
 
 
-def _maybe_crash(trial: int, chunk: int) -> None:
+def _maybe_crash(plan: Any, chunk: int) -> None:
     """Fault injection for the reliability tests: ``RL_HARNESS_CRASH=TRIAL:TIMES:DIR`` makes
-    trial TRIAL's worker die after its first chunk, the first TIMES attempts (counted in DIR)."""
+    search trial TRIAL's worker die after its first chunk, the first TIMES attempts (counted in DIR)."""
     spec = os.environ.get("RL_HARNESS_CRASH")
-    if not spec or chunk != 1:
+    if not spec or chunk != 1 or plan.stream != 0:
         return
+    trial = plan.trial
     target, times, folder = spec.split(":", 2)
     if int(target) != trial:
         return

@@ -250,7 +250,8 @@ def test_study__killed_worker_is_retried_and_one_that_keeps_failing_is_recorded(
                                storage=f"sqlite:///{tmp_path / 'b' / 'cartpole_ppo' / 'optuna.db'}")
     assert [t.state.name for t in ostudy.trials][:2] == ["FAIL", "FAIL"]
     configs = pd.read_csv(tmp_path / "b" / "cartpole_ppo" / "reports" / "configs.csv")
-    assert set(configs[configs.trial == 0].status) == {"failed"} and configs[configs.trial == 0]["rank"].isna().all()
+    failed = configs[configs.trial == 0]
+    assert set(failed.status) == {"failed"} and failed["rank"].isna().all()
 
 
 @pytest.mark.slow
