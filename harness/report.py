@@ -106,9 +106,9 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
             search_score=float(row["mean"]),
             reevaluation=dict(mean=float(vals.mean()) if len(vals) else None,
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
-                              ci95=[lo, hi], seeds=top["plan"]["seeds"], scores=top["scores"],
+                              ci95=[lo, hi], seeds=len(top["scores"] or []), scores=top["scores"],
                               diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
-            reproduce=dict(command=top.get("command"), plan=top.get("plan")),
+            reproduce=dict(command=top.get("command"), plans=top.get("plans")),
             candidates=[c["config_id"] for c in final["configs"]])
     if not len(configs) or configs["rank"].isna().all():
         return None

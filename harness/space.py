@@ -93,7 +93,7 @@ class Study:
         hparams: hyperparameter values fixed for the whole study (not searched).
         cpu, gpu, smoke: budgets for a CPU machine, a GPU, and ``--smoke``.
         top_k: configurations re-trained on fresh seeds at the end.
-        final_seeds: seeds for that re-training.
+        final_seeds: fresh seeds for that re-training (rounded up to a multiple of the budget's seeds).
         seed: the study seed every key is derived from.
         direction: ``maximize`` the score (evaluation return).
     """

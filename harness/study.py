@@ -289,6 +289,8 @@ class Runner:
         from harness import report
         from harness.kernel import FINAL, TrialPlan
 
+        if self.study.top_k < 1:
+            return
         records = load_trials(self.root)
         numbers = sorted(r["trial"] for r in records)
         final = load_final(self.root)
@@ -303,25 +305,37 @@ class Runner:
         groups: dict[str, list[str]] = {}
         for cid in top["config_id"]:
             groups.setdefault(repr(sorted(by_id[cid][0]["static"].items())), []).append(cid)
-        plans = []
-        for g, ids in enumerate(groups.values()):
-            plans.append(TrialPlan(env=self.study.env, algo=self.study.algo,
-                                   config=by_id[ids[0]][0]["static"],
-                                   hparams=[by_id[i][1]["hparams"] for i in ids], seeds=self.study.final_seeds,
-                                   trial=g, study_seed=self.study.seed, stream=FINAL))
-        print(f"re-training the top {len(top)} configurations on {self.study.final_seeds} fresh seeds ...",
-              flush=True)
+        # Same shapes as the search trials (C configs, padded with repeats; S seeds per round), so
+        # the compiled kernels are reused; ceil(final_seeds / S) rounds of fresh seeds each.
+        c, seeds = self.budget.configs_per_trial, self.budget.seeds
+        rounds = -(-self.study.final_seeds // seeds)
+        plans, members = [], []
+        for ids in groups.values():
+            for start in range(0, len(ids), c):
+                batch = ids[start:start + c]
+                hps = [by_id[i][1]["hparams"] for i in batch]
+                for _ in range(rounds):
+                    plans.append(TrialPlan(env=self.study.env, algo=self.study.algo,
+                                           config=by_id[batch[0]][0]["static"],
+                                           hparams=hps + [hps[0]] * (c - len(hps)), seeds=seeds,
+                                           trial=len(plans), study_seed=self.study.seed, stream=FINAL))
+                    members.append(batch)
+        print(f"re-training the top {len(top)} configurations on {rounds * seeds} fresh seeds ...", flush=True)
         results = self._run_plans(plans)
+        runs: dict[str, list] = {cid: [] for cid in top["config_id"]}
+        for plan, batch, res in zip(plans, members, results, strict=True):
+            for i, cid in enumerate(batch):
+                runs[cid].append((plan, i, res))
         out = []
-        for plan, ids, res in zip(plans, groups.values(), results, strict=True):
-            for i, cid in enumerate(ids):
-                rec, c = by_id[cid]
-                out.append({"config_id": cid, "params": c["params"], "hparams": c["hparams"],
-                            "static": rec["static"],
-                            "scores": res["scores"][i] if res else None,
-                            "diverged": res["diverged"][i] if res else None, "failed": res is None,
-                            "plan": {**dataclasses.asdict(plan), "config_index": i},
-                            "command": self._train_command(rec["static"], c["hparams"])})
+        for cid, parts in runs.items():
+            rec, conf = by_id[cid]
+            failed = any(res is None for _, _, res in parts)
+            out.append({"config_id": cid, "params": conf["params"], "hparams": conf["hparams"],
+                        "static": rec["static"], "failed": failed,
+                        "scores": None if failed else [v for _, i, res in parts for v in res["scores"][i]],
+                        "diverged": None if failed else [v for _, i, res in parts for v in res["diverged"][i]],
+                        "plans": [{"plan": dataclasses.asdict(plan), "config_index": i} for plan, i, _ in parts],
+                        "command": self._train_command(rec["static"], conf["hparams"], rounds * seeds)})
         write_json(self.root / "final.json", {"trials": numbers, "configs": out})
 
     def _run_plans(self, plans: list[Any]) -> list[dict[str, Any] | None]:
@@ -347,11 +361,11 @@ class Runner:
                 out[trial] = r.metrics
         return out
 
-    def _train_command(self, static: dict[str, Any], hparams: dict[str, float]) -> str:
+    def _train_command(self, static: dict[str, Any], hparams: dict[str, float], seeds: int) -> str:
         sets = [f"{k}={label(tuple(v) if isinstance(v, list) else v)}" for k, v in static.items()
                 if k != "total_timesteps"] + [f"{k}={v:.6g}" for k, v in hparams.items()]
         args = ["python", "-m", "harness.train", "--algo", self.study.algo, "--env", self.study.env,
-                "--seeds", str(self.study.final_seeds), "--timesteps", str(static["total_timesteps"])]
+                "--seeds", str(seeds), "--timesteps", str(static["total_timesteps"])]
         for s in sets:
             args += ["--set", s]
         return shlex.join(args)
