@@ -29,7 +29,8 @@ SPACE = dict(lr=(1e-4, 3e-3, True), gamma=(0.95, 0.999, False), gae_lambda=(0.8,
 
 
 def run_ours(configs: int, seeds: int, timesteps: int, per_trial: int, tmp: Path) -> dict:
-    space = ", ".join(f"{k}={'LogUniform' if log else 'Uniform'}({lo}, {hi})" for k, (lo, hi, log) in SPACE.items())
+    space = ", ".join(f"{k}={'LogUniform' if log else 'Uniform'}({lo}, {hi})"
+                      for k, (lo, hi, log) in SPACE.items())
     budget = f"Budget({configs // per_trial}, {per_trial}, {seeds}, {timesteps})"
     (tmp / "bench_ppo.py").write_text(
         "from harness.space import *\n"

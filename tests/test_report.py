@@ -1,0 +1,57 @@
+"""Report statistics and tables, from hand-made records (no Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from harness import report
+from harness.records import write_json
+
+
+@pytest.mark.parametrize("x", [[1, 2, 3, 100], list(range(1, 9)), [9, 2, 7, 3, 8, 1, 6, 5, 4, 0, 11, 10]])
+def test_iqm__equals_the_25pct_trimmed_mean_when_quartiles_fall_on_samples(x):
+    assert report.iqm(np.array(x)) == pytest.approx(stats.trim_mean(x, 0.25))
+
+
+def test_iqm__weights_the_samples_straddling_a_quartile_by_the_fraction_inside():
+    assert report.iqm(np.array([5.0, 1.0, 3.0])) == pytest.approx((0.25 * 1 + 3 + 0.25 * 5) / 1.5)
+    assert report.iqm(np.array([2.0, 7.0, 1.0, 9.0, 4.0])) == pytest.approx((0.75 * 2 + 4 + 0.75 * 7) / 2.5)
+
+
+def test_bootstrap_ci__brackets_the_mean_and_collapses_for_constant_scores():
+    x = np.random.default_rng(1).normal(100, 10, size=16)
+    lo, hi = report.bootstrap_ci(x)
+    assert lo < x.mean() < hi and hi - lo < 4 * 10 / 4 * 1.96
+    assert report.bootstrap_ci(np.full(4, 500.0)) == (500.0, 500.0)
+    assert report.bootstrap_ci(x) == report.bootstrap_ci(x)  # seeded: reports rebuild identically
+
+
+def _record(trial, status, scores, diverged):
+    return {"trial": trial, "tune_trial_id": f"id{trial}", "status": status, "static": {"num_envs": 4},
+            "seeds": 2, "env_steps": 100,
+            "configs": [{"index": i, "optuna_number": 2 * trial + i,
+                         "params": {"lr": 0.1 * (i + 1), "hidden": [64, 64]}, "hparams": {"lr": 0.1},
+                         "scores": sc, "diverged": dv, "pruned": status == "pruned"}
+                        for i, (sc, dv) in enumerate(zip(scores, diverged))],
+            "curves": [{"chunk": 1, "env_steps": 50, "returns": [[1.0, None], [2.0, 3.0]]}]}
+
+
+def test_tables__rank_only_complete_finite_undiverged_configs(tmp_path):
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize"})
+    write_json(tmp_path / "trials" / "0000.json",
+               _record(0, "complete", [[10.0, 20.0], [None, None]], [[False, False], [True, True]]))
+    write_json(tmp_path / "trials" / "0001.json",
+               _record(1, "complete", [[30.0, 40.0], [5.0, 5.0]], [[False, False], [False, False]]))
+    write_json(tmp_path / "trials" / "0002.json", _record(2, "pruned", [None, None], [[False] * 2] * 2))
+    configs, seeds, curves = report.tables(tmp_path)
+    assert list(configs.config_id[:3]) == ["t0001c0", "t0000c0", "t0001c1"]
+    assert list(configs["rank"][:3]) == [1, 2, 3] and configs["rank"][3:].isna().all()
+    row = configs.set_index("config_id").loc["t0001c0"]
+    assert row["mean"] == 35.0 and row["hidden"] == "64,64"
+    assert row["std"] == pytest.approx(np.std([30, 40], ddof=1))
+    assert configs.set_index("config_id").loc["t0000c1", "diverged"]
+    assert len(seeds) == 3 * 2 * 2 and len(curves) == 3 * 2 * 2
+    paths = report.build(tmp_path)
+    assert "best" in paths  # no re-evaluation yet: the search's best, said so
