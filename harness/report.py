@@ -79,8 +79,9 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                                            episode_return=np.nan if value is None else value))
     configs = pd.DataFrame(config_rows)
     if len(configs):
-        rankable = (configs.status == "complete") & ~configs.diverged & configs["mean"].notna()
-        ranks = configs.loc[rankable, "mean"].rank(ascending=not maximize, method="min")
+        metric = meta.get("metric", "mean")
+        rankable = (configs.status == "complete") & ~configs.diverged & configs[metric].notna()
+        ranks = configs.loc[rankable, metric].rank(ascending=not maximize, method="min")
         configs["rank"] = ranks.astype("Int64").reindex(configs.index)
         configs = configs.sort_values(["rank", "config_id"], na_position="last").reset_index(drop=True)
     return configs, pd.DataFrame(seed_rows), pd.DataFrame(curve_rows)
@@ -92,19 +93,21 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
     final = load_final(root)
     maximize = meta.get("direction", "maximize") == "maximize"
     if final and final["configs"]:
+        metric = meta.get("metric", "mean")
+
         def key(c: dict) -> float:
             vals = [v for v in c["scores"] or [] if v is not None]
             if not vals or any(c["diverged"] or []):
                 return -np.inf
-            return float(np.mean(vals)) * (1 if maximize else -1)
+            return (iqm(np.array(vals)) if metric == "iqm" else float(np.mean(vals))) * (1 if maximize else -1)
         top = max(final["configs"], key=key)
         vals = np.array([v for v in top["scores"] or [] if v is not None], float)
         row = configs.set_index("config_id").loc[top["config_id"]]
         lo, hi = bootstrap_ci(vals)
         return dict(
             study=meta["study"], config_id=top["config_id"], params=top["params"],
-            search_score=float(row["mean"]),
-            reevaluation=dict(mean=float(vals.mean()) if len(vals) else None,
+            metric=metric, search_score=float(row[metric]),
+            reevaluation=dict(mean=float(vals.mean()) if len(vals) else None, iqm=iqm(vals),
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
                               ci95=[lo, hi], seeds=len(top["scores"] or []), scores=top["scores"],
                               diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
@@ -113,7 +116,7 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
     if not len(configs) or configs["rank"].isna().all():
         return None
     row = configs.iloc[0]
-    return dict(study=meta["study"], config_id=row.config_id, search_score=float(row["mean"]),
+    return dict(study=meta["study"], config_id=row.config_id, search_score=float(row[meta.get("metric", "mean")]),
                 reevaluation=None, note="the study has not finished its re-evaluation yet")
 
 

@@ -18,6 +18,7 @@ import optuna
 from ray.tune.search import Searcher
 
 from harness.kernel import TrialPlan
+from harness.report import iqm
 from harness.space import Categorical, Int, LogUniform, Study, Uniform
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -26,11 +27,24 @@ TRIAL_ATTR = "tune_trial"  # user attr: the Tune trial number an Optuna trial be
 CONFIG_ATTR = "config_index"
 
 
-def open_study(study: Study, storage: str, *, seed: int) -> optuna.Study:
-    """The Optuna study for ``study`` in ``storage`` (created on first use), TPE-sampled."""
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+SAMPLERS = ("tpe", "random", "qmc")
+
+
+def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    """TPE (multivariate, constant liar for proposals still running), random, or quasi-random."""
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "qmc":
+        return optuna.samplers.QMCSampler(seed=seed, scramble=True)
+    raise ValueError(f"unknown sampler {name!r}; known samplers: {', '.join(SAMPLERS)}")
+
+
+def open_study(study: Study, storage: str, *, seed: int, sampler: str = "tpe") -> optuna.Study:
+    """The Optuna study for ``study`` in ``storage`` (created on first use)."""
     direction = "maximize" if study.direction == "maximize" else "minimize"
-    return optuna.create_study(study_name=study.name, storage=storage, sampler=sampler,
+    return optuna.create_study(study_name=study.name, storage=storage, sampler=make_sampler(sampler, seed),
                                direction=direction, load_if_exists=True)
 
 
@@ -138,7 +152,7 @@ class BatchedOptunaSearcher(Searcher):
             configs.append(rec)
         by_chunk = self.curves.pop(trial_id, {})
         curves = [by_chunk[k] for k in sorted(by_chunk)]
-        record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status,
+        record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
                   "env_steps": int(result.get("env_steps", 0)),
                   **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds")
@@ -163,21 +177,26 @@ class BatchedOptunaSearcher(Searcher):
         pass
 
 
-def config_value(config: dict[str, Any]) -> float | None:
-    """A configuration's score: mean evaluation over its seeds; None if diverged or unscored."""
+def config_value(config: dict[str, Any], metric: str = "mean") -> float | None:
+    """A configuration's score: the mean (or IQM) of its evaluation returns over its seeds;
+    None if it diverged or has no score."""
     if config.get("scores") is None or any(config.get("diverged") or []):
         return None
-    return _mean_finite(config["scores"])
+    finite = [v for v in config["scores"] if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    return iqm(finite) if metric == "iqm" else sum(finite) / len(finite)
 
 
 def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
     """Tells each Optuna trial of a trial record its state (idempotent)."""
     for c in record["configs"]:
         number = c["optuna_number"]
+        value = config_value(c, record.get("metric", "mean")) if record["status"] == "complete" else None
         if record["status"] == "pruned":
             ostudy.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
-        elif record["status"] == "complete" and config_value(c) is not None:
-            ostudy.tell(number, config_value(c), skip_if_finished=True)
+        elif value is not None:
+            ostudy.tell(number, value, skip_if_finished=True)
         else:
             ostudy.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 

@@ -95,6 +95,8 @@ class Study:
         top_k: configurations re-trained on fresh seeds at the end.
         final_seeds: fresh seeds for that re-training (rounded up to a multiple of the budget's seeds).
         seed: the study seed every key is derived from.
+        metric: how a configuration's evaluation returns over its seeds become its score:
+            their ``mean`` or their interquartile mean ``iqm`` (robust to one odd seed).
         direction: ``maximize`` the score (evaluation return).
     """
 
@@ -111,6 +113,7 @@ class Study:
     top_k: int = 3
     final_seeds: int = 4
     seed: int = 0
+    metric: Literal["mean", "iqm"] = "mean"
     direction: Literal["maximize", "minimize"] = "maximize"
 
     def static_names(self, config_fields: set[str]) -> list[str]:
@@ -142,6 +145,10 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         if name not in config_fields | hp_fields:
             raise StudyError(f"study {study.name}: unknown setting {name!r} for {study.algo}; "
                              f"known: {', '.join(known)}")
+    if study.metric not in ("mean", "iqm"):
+        raise StudyError(f"study {study.name}: metric must be 'mean' or 'iqm', got {study.metric!r}")
+    if study.direction not in ("maximize", "minimize"):
+        raise StudyError(f"study {study.name}: direction must be 'maximize' or 'minimize'")
     for name in study.hparams:
         if name not in hp_fields:
             raise StudyError(f"study {study.name}: {name!r} is a static config field; put it in config")

@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="results folder (default: results/)")
     p.add_argument("--address", help="an existing Ray cluster ('auto' or host:port); default: embedded local Ray")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the results folder)")
+    p.add_argument("--sampler", choices=("tpe", "random", "qmc"), default="tpe",
+                   help="Optuna sampler proposing configurations (default: tpe)")
     p.add_argument("--fresh", action="store_true", help="start over; the old results folder is kept aside")
     p.add_argument("--smoke", action="store_true", help="a tiny budget (about a minute on a laptop CPU)")
     p.add_argument("--no-asha", action="store_true", help="run every trial to the end (no early stopping)")
@@ -149,7 +151,8 @@ class Runner:
             validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=budget.timesteps)
             if meta is None:
                 meta = {"study": self.study.name, "env": self.study.env, "algo": self.study.algo,
-                        "direction": self.study.direction, "seed": self.study.seed,
+                        "direction": self.study.direction, "metric": self.study.metric,
+                        "seed": self.study.seed,
                         "budget": dataclasses.asdict(budget), "smoke": self.args.smoke,
                         "created": datetime.datetime.now().isoformat(timespec="seconds")}
             meta["budget"] = dataclasses.asdict(budget)
@@ -178,8 +181,12 @@ class Runner:
         self.done = len(records)
         # The sampler's seed moves on with the study, so a resumed study does not replay the
         # proposals it made before it was interrupted.
-        ostudy = open_study(self.study, storage,
-                            seed=self.study.seed * 1_000_003 + _count_trials(storage, self.study.name))
+        try:
+            ostudy = open_study(self.study, storage,
+                                seed=self.study.seed * 1_000_003 + _count_trials(storage, self.study.name),
+                                sampler=self.args.sampler)
+        except Exception as err:  # sqlalchemy/optuna raise many kinds for a bad URL
+            raise StudyError(f"cannot open Optuna storage {storage!r}: {str(err).splitlines()[0]}") from None
         stale = reconcile(ostudy, records)
         if self.done or stale:
             print(f"resuming: {self.done} trials recorded" + (f", {stale} interrupted Optuna trials marked FAIL"
@@ -265,7 +272,7 @@ class Runner:
         report.build(self.root)
         from harness.search import config_value
 
-        values = [v for c in record["configs"] if (v := config_value(c)) is not None]
+        values = [v for c in record["configs"] if (v := config_value(c, self.study.metric)) is not None]
         what = {"complete": f"best of its {len(record['configs'])} configs "
                             f"{max(values):.1f}" if values else "all configs diverged",
                 "pruned": "stopped early by ASHA", "failed": "FAILED"}[record["status"]]
@@ -279,7 +286,7 @@ class Runner:
 
         sign = 1 if self.study.direction == "maximize" else -1
         for c in record["configs"]:
-            v = config_value(c) if record["status"] == "complete" else None
+            v = config_value(c, self.study.metric) if record["status"] == "complete" else None
             if v is not None and (self.best is None or sign * v > sign * self.best[0]):
                 self.best = (v, config_id(record["trial"], c["index"]), c["params"])
 
