@@ -224,7 +224,7 @@ class Runner:
         chunks = self._max_chunks()
         scheduler = None if self.args.no_asha or chunks < 3 else RecordingASHA(
             time_attr="training_iteration", metric="score", mode="max" if self.study.direction == "maximize"
-            else "min", max_t=chunks, grace_period=max(1, chunks // 3), reduction_factor=3)
+            else "min", max_t=chunks, grace_period=max(1, chunks // 2), reduction_factor=2)
         searcher = BatchedOptunaSearcher(
             self.study, ostudy, static_names=self.study.static_names(self.config_fields),
             configs_per_trial=self.budget.configs_per_trial,

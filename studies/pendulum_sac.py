@@ -16,7 +16,7 @@ STUDY = Study(
         tau=LogUniform(1e-3, 5e-2),
         target_entropy_scale=Uniform(0.25, 1.5),
     ),
-    cpu=Budget(trials=8, configs_per_trial=2, seeds=2, timesteps=16_000),
+    cpu=Budget(trials=12, configs_per_trial=2, seeds=2, timesteps=16_000),
     gpu=Budget(trials=12, configs_per_trial=32, seeds=8, timesteps=20_000),
     smoke=Budget(trials=2, configs_per_trial=2, seeds=2, timesteps=2_000),
 )
