@@ -1,6 +1,7 @@
 """SAC on ContinuousCartPole-v1 (force in [-1, 1]): learning rates, gamma, tau, batch size."""
 
-from harness.space import Budget, Categorical, LogUniform, Study, Uniform
+from harness.space import Budget, Categorical, Study
+from studies._spaces import SAC
 
 STUDY = Study(
     name="cartpole_sac",
@@ -9,12 +10,7 @@ STUDY = Study(
     algo="sac",
     config=dict(hidden=(64, 64), num_envs=4, updates_per_step=1, steps_per_chunk=500),
     space=dict(
-        actor_lr=LogUniform(1e-4, 3e-3),
-        critic_lr=LogUniform(1e-4, 3e-3),
-        alpha_lr=LogUniform(1e-4, 3e-3),
-        gamma=Uniform(0.95, 0.995),
-        tau=LogUniform(1e-3, 5e-2),
-        target_entropy_scale=Uniform(0.25, 1.5),
+        **SAC,
         batch_size=Categorical((128, 256)),  # static: splits trials
     ),
     cpu=Budget(trials=12, configs_per_trial=2, seeds=2, timesteps=60_000),

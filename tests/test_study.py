@@ -286,3 +286,17 @@ def test_study__runs_on_an_existing_ray_cluster(tmp_path, ray_env):
         assert len(load_trials(tmp_path / "cartpole_ppo-smoke")) == 2
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", ["cartpole_ppo", "cartpole_sac", "pendulum_sac"])
+def test_registered_studies__every_static_choice_builds_at_every_budget(name):
+    import algos
+    import studies
+    from harness.space import validate
+
+    study = studies.get(name)
+    spec = algos.get(study.algo)
+    for budget in (study.cpu, study.gpu, study.smoke):
+        validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)
+    assert study.static_names({f for f in spec.config_cls.__dataclass_fields__}) in ([], ["num_minibatches"],
+                                                                                     ["batch_size"])

@@ -1,0 +1,12 @@
+"""Search spaces shared by several studies."""
+
+from harness.space import LogUniform, Uniform
+
+SAC = dict(
+    actor_lr=LogUniform(1e-4, 3e-3),
+    critic_lr=LogUniform(1e-4, 3e-3),
+    alpha_lr=LogUniform(1e-4, 3e-3),
+    gamma=Uniform(0.95, 0.995),
+    tau=LogUniform(1e-3, 5e-2),
+    target_entropy_scale=Uniform(0.25, 1.5),
+)
