@@ -4,7 +4,8 @@
 
 writes ``reports/configs.csv`` (one row per configuration: hyperparameters, mean, std, IQM,
 bootstrap 95% CI over seeds, diverged, pruned, rank), ``reports/seeds.csv`` (configuration x
-seed), ``reports/curves.csv`` (configuration x seed x env step) and ``reports/best.json``.
+seed), ``reports/curves.csv`` (configuration x seed x env step), ``reports/best.json``, and the
+plots with ``reports/index.html`` (open it in a browser; see harness/plots.py).
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
                 reevaluation=None, note="the study has not finished its re-evaluation yet")
 
 
-def build(root: Path) -> dict[str, Path]:
-    """Writes every report under ``root/reports``; returns their paths.
+def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
+    """Writes every report under ``root/reports`` (the plots and index.html too, unless
+    ``plots`` is False); returns their paths.
 
     Raises:
         RecordsError: ``root`` is not a study's results folder.
@@ -141,6 +143,10 @@ def build(root: Path) -> dict[str, Path]:
     if b is not None:
         paths["best"] = out / "best.json"
         write_json(paths["best"], _jsonable(b))
+    if plots:
+        from harness import plots as plotting
+
+        paths.update(plotting.build(root, configs, curves, _jsonable(b) if b else None))
     return paths
 
 

@@ -156,6 +156,7 @@ class Runner:
                         "budget": dataclasses.asdict(budget), "smoke": self.args.smoke,
                         "created": datetime.datetime.now().isoformat(timespec="seconds")}
             meta["budget"] = dataclasses.asdict(budget)
+            meta["space"] = {name: _kind(dist) for name, dist in self.study.space.items()}
             write_json(self.root / "study.json", meta)
             self.budget, self.place = budget, place
             print(f"study {self.study.name}: {budget.trials} trials x {budget.configs_per_trial} configs x "
@@ -269,7 +270,7 @@ class Runner:
         self.done += 1
         self.running_steps.pop(record["tune_trial_id"], None)
         self._note_best(record)
-        report.build(self.root)
+        report.build(self.root, plots=False)  # CSVs after every trial; plots at the end
         from harness.search import config_value
 
         values = [v for c in record["configs"] if (v := config_value(c, self.study.metric)) is not None]
@@ -392,6 +393,15 @@ class Runner:
                 print(f"  {_fmt(b['params'])}")
                 print(f"  reproduce: {b['reproduce']['command']}")
         print(f"reports: {paths['configs'].parent}/ ({', '.join(p.name for p in paths.values())})")
+
+
+def _kind(dist: Any) -> str:
+    """How a searched name is plotted: ``log``, ``uniform``, ``int`` or ``categorical``."""
+    from harness.space import Categorical, Int, LogUniform
+
+    if isinstance(dist, LogUniform) or (isinstance(dist, Int) and dist.log):
+        return "log"
+    return {Int: "int", Categorical: "categorical"}.get(type(dist), "uniform")
 
 
 def _cache_dir() -> str:

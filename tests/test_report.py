@@ -39,7 +39,8 @@ def _record(trial, status, scores, diverged):
 
 
 def test_tables__rank_only_complete_finite_undiverged_configs(tmp_path):
-    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize"})
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize",
+                                         "space": {"lr": "log", "hidden": "categorical"}})
     write_json(tmp_path / "trials" / "0000.json",
                _record(0, "complete", [[10.0, 20.0], [None, None]], [[False, False], [True, True]]))
     write_json(tmp_path / "trials" / "0001.json",
@@ -55,3 +56,7 @@ def test_tables__rank_only_complete_finite_undiverged_configs(tmp_path):
     assert len(seeds) == 3 * 2 * 2 and len(curves) == 3 * 2 * 2
     paths = report.build(tmp_path)
     assert "best" in paths  # no re-evaluation yet: the search's best, said so
+    for name in ("curves", "params", "progress"):
+        assert (tmp_path / "reports" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "reports" / "index.html").read_text()
+    assert all(f'src="{n}.png"' in page for n in ("curves", "params", "progress")) and "t0001c0" in page

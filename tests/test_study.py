@@ -180,10 +180,12 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
     best = json.loads((root / "reports" / "best.json").read_text())
     assert best["reevaluation"]["seeds"] == 4 and best["reevaluation"]["mean"] > 0
     assert "harness.train" in best["reproduce"]["command"]
+    page = (root / "reports" / "index.html").read_text()
+    assert 'src="curves.png"' in page and best["config_id"] in page
     # the reports rebuild from disk without Ray, identically
-    before = {p.name: p.read_text() for p in (root / "reports").iterdir()}
+    before = {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")}
     assert subprocess.run([sys.executable, "-m", "harness.report", str(root)], cwd=ROOT).returncode == 0
-    assert {p.name: p.read_text() for p in (root / "reports").iterdir()} == before
+    assert {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")} == before
 
 
 def _interrupt_then_resume(tmp_path, env, sig):
@@ -217,9 +219,9 @@ def _interrupt_then_resume(tmp_path, env, sig):
     assert not states & {"RUNNING", "WAITING"}, states
     recorded = {c["optuna_number"] for rec in records for c in rec["configs"]}
     assert {t.number for t in ostudy.trials if t.state.name == "COMPLETE"} <= recorded
-    before = {p.name: p.read_text() for p in (root / "reports").iterdir()}
+    before = {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")}
     report.build(root)
-    assert {p.name: p.read_text() for p in (root / "reports").iterdir()} == before
+    assert {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")} == before
 
 
 @pytest.mark.slow

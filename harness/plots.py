@@ -1,0 +1,167 @@
+"""Plots and a static report page from a study's tables (matplotlib, no server needed).
+
+    reports/curves.png        learning curves of the top configurations, bootstrap 95% bands over seeds
+    reports/params.png        score against each searched hyperparameter (log axes for log spaces)
+    reports/progress.png      best score so far against trial number
+    reports/index.html        leaderboard, the plots, the best configuration
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+TOP = 5  # configurations drawn in curves.png
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _band(values: np.ndarray, *, resamples: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap 95% interval of the mean over seeds, per step: ``values [S, T]`` (NaN allowed)."""
+    rng = np.random.default_rng(seed)
+    s = values.shape[0]
+    idx = rng.integers(0, s, size=(resamples, s))
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            means = np.nanmean(values[idx], axis=1)  # [R, T]
+            return np.nanpercentile(means, 2.5, axis=0), np.nanpercentile(means, 97.5, axis=0)
+
+
+def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path) -> Path | None:
+    ranked = configs[configs["rank"].notna()].head(TOP)
+    if not len(ranked) or not len(curves):
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for cid in ranked.config_id:
+        c = curves[curves.config_id == cid].pivot_table(index="seed", columns="env_steps",
+                                                       values="episode_return", dropna=False)
+        steps, values = c.columns.to_numpy(), c.to_numpy(float)
+        with np.errstate(all="ignore"):
+            mean = np.nanmean(values, axis=0) if values.size else values
+        lo, hi = _band(values)
+        (line,) = ax.plot(steps, mean, label=f"{cid} (rank {int(ranked.set_index('config_id').loc[cid, 'rank'])})")
+        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set(xlabel="env steps per seed", ylabel="training episode return",
+           title=f"top {len(ranked)} configurations: mean over seeds, bootstrap 95% band")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def params_plot(configs: pd.DataFrame, space: dict[str, str], metric: str, path: Path) -> Path | None:
+    names = [n for n in space if n in configs.columns]
+    if not names or not len(configs):
+        return None
+    plt = _pyplot()
+    cols = min(3, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    scored = configs[configs[metric].notna() & ~configs.diverged]
+    failed = configs[configs[metric].isna() | configs.diverged]
+    lo, hi = (scored[metric].min(), scored[metric].max()) if len(scored) else (0.0, 1.0)
+    floor = lo - 0.1 * (hi - lo + 1e-9)  # unscored configurations sit on a line below every score
+    for ax, name in zip(axes.flat, names, strict=False):
+        kind = space[name]
+        x = scored[name].astype(str) if kind == "categorical" else scored[name]
+        ax.scatter(x, scored[metric], s=18, alpha=0.8, label="scored")
+        if len(failed):
+            fx = failed[name].astype(str) if kind == "categorical" else failed[name]
+            ax.scatter(fx, np.full(len(failed), floor), marker="x", color="grey", s=18,
+                       label="pruned / diverged / failed (no score)")
+        if kind == "log":
+            from matplotlib.ticker import NullFormatter
+
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set(xlabel=name + (" (log)" if kind == "log" else ""), ylabel=metric)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"configuration score ({metric} evaluation return over seeds) by hyperparameter")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def progress_plot(configs: pd.DataFrame, metric: str, maximize: bool, path: Path) -> Path | None:
+    scored = configs[configs[metric].notna() & ~configs.diverged]
+    if not len(scored):
+        return None
+    per_trial = scored.groupby("trial")[metric].max() if maximize else scored.groupby("trial")[metric].min()
+    trials = np.arange(int(configs.trial.max()) + 1)
+    per_trial = per_trial.reindex(trials)
+    best = (per_trial.cummax() if maximize else per_trial.cummin()).ffill()
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.scatter(trials, per_trial, s=16, alpha=0.6, label="best configuration of the trial")
+    ax.step(trials, best, where="post", label="best so far")
+    ax.set(xlabel="trial", ylabel=metric, title="best score over trials")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def index_html(root: Path, configs: pd.DataFrame, images: list[Path], best: dict[str, Any] | None) -> Path:
+    meta = json.loads((root / "study.json").read_text())
+    table = configs.head(20).to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="",
+                                     classes="board", border=0)
+    imgs = "\n".join(f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in images)
+    best_html = "<p>No configuration has been scored yet.</p>"
+    if best:
+        best_html = f"<pre>{html.escape(json.dumps(best, indent=1))}</pre>"
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(meta['study'])}: rl-harness report</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} table.board{{border-collapse:collapse;
+font-size:12px}} .board td,.board th{{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}}
+img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;font-size:12px;overflow-x:auto}}</style></head>
+<body><h1>{html.escape(meta['study'])}</h1>
+<p>{html.escape(meta.get('env', ''))} / {html.escape(meta.get('algo', ''))}; budget
+{html.escape(json.dumps(meta.get('budget', {})))}. Files: <a href="configs.csv">configs.csv</a>,
+<a href="seeds.csv">seeds.csv</a>, <a href="curves.csv">curves.csv</a>, <a href="best.json">best.json</a>.</p>
+<h2>Best configuration</h2>{best_html}
+<h2>Leaderboard (top 20)</h2>{table}
+<h2>Plots</h2>{imgs}
+</body></html>
+"""
+    path = root / "reports" / "index.html"
+    path.write_text(page)
+    return path
+
+
+def build(root: Path, configs: pd.DataFrame, curves: pd.DataFrame, best: dict[str, Any] | None) -> dict[str, Path]:
+    """Writes the plots and index.html under ``root/reports``; returns their paths."""
+    meta = json.loads((root / "study.json").read_text())
+    metric = meta.get("metric", "mean")
+    out = root / "reports"
+    made = [curves_plot(configs, curves, out / "curves.png"),
+            params_plot(configs, meta.get("space", {}), metric, out / "params.png"),
+            progress_plot(configs, metric, meta.get("direction", "maximize") == "maximize", out / "progress.png")]
+    images = [p for p in made if p is not None]
+    paths = {p.stem + "_png": p for p in images}
+    paths["index"] = index_html(root, configs, images, best)
+    return paths
