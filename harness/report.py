@@ -145,8 +145,10 @@ def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
         write_json(paths["best"], _jsonable(b))
     if plots:
         from harness import plots as plotting
+        from harness import tensorboard
 
         paths.update(plotting.build(root, configs, curves, _jsonable(b) if b else None))
+        paths["tensorboard"] = tensorboard.write(root, configs, curves, list(load_meta(root).get("space", {})))
     return paths
 
 

@@ -60,3 +60,46 @@ def test_tables__rank_only_complete_finite_undiverged_configs(tmp_path):
         assert (tmp_path / "reports" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (tmp_path / "reports" / "index.html").read_text()
     assert all(f'src="{n}.png"' in page for n in ("curves", "params", "progress")) and "t0001c0" in page
+
+
+def _events(folder):
+    """Every Event in the TensorBoard files of ``folder`` (TFRecord framing read by hand)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    out = []
+    for f in sorted(folder.glob("events.out.tfevents.*")):
+        data = f.read_bytes()
+        i = 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            out.append(Event.FromString(data[i + 12:i + 12 + n]))
+            i += 12 + n + 4
+    return out
+
+
+def _scalars(events):
+    return {(v.tag, e.step): v.simple_value for e in events for v in e.summary.value if v.HasField("simple_value")}
+
+
+def test_tensorboard__each_configuration_is_a_run_with_curves_and_hparams(tmp_path):
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize",
+                                         "space": {"lr": "log", "hidden": "categorical"}})
+    write_json(tmp_path / "trials" / "0000.json",
+               _record(0, "complete", [[10.0, 20.0], [None, None]], [[False, False], [True, True]]))
+    report.build(tmp_path)
+    runs = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
+    assert runs == ["t0000c0", "t0000c1"]
+    events = _events(tmp_path / "tensorboard" / "t0000c0")
+    scalars = _scalars(events)
+    assert scalars[("return/mean", 50)] == 1.0 and scalars[("return/seed_0", 50)] == 1.0
+    assert ("return/seed_1", 50) not in scalars  # no finished episode: nothing logged, not a zero
+    assert scalars[("score/mean", 0)] == 15.0
+    plugins = {v.metadata.plugin_data.plugin_name for e in events for v in e.summary.value}
+    assert "hparams" in plugins
+    hp = [v.metadata.plugin_data.content for e in events for v in e.summary.value
+          if v.metadata.plugin_data.plugin_name == "hparams"]
+    assert any(b"lr" in c and b"hidden" in c for c in hp)
+    diverged = _scalars(_events(tmp_path / "tensorboard" / "t0000c1"))
+    assert not any(tag.startswith("score/") for tag, _ in diverged)  # the diverged configuration: no score
