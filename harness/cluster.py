@@ -51,11 +51,18 @@ def _use_token_if_any() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def start(address: str | None) -> str | None:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(address: str | None) -> tuple[str | None, str | None]:
     """Joins the Ray cluster at ``address``, or starts an embedded one on 127.0.0.1.
 
-    Returns the dashboard URL when there is one.
+    Returns the dashboard URL and (for the embedded Ray) the node's Prometheus metrics URL.
     """
+    metrics_port = int(os.environ.get("RL_HARNESS_METRICS_PORT", "0")) or _free_port()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no phoning home
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables off: the harness prints progress
     loopback = not address or address.rpartition(":")[0] in ("127.0.0.1", "localhost")
@@ -75,14 +82,16 @@ def start(address: str | None) -> str | None:
             ctx = ray.init(address=address, **kwargs)
         else:
             ctx = ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1",
-                           dashboard_host="127.0.0.1", include_dashboard=True, **kwargs)
+                           dashboard_host="127.0.0.1", include_dashboard=True,
+                           _metrics_export_port=metrics_port, **kwargs)
     except ClusterError:
         raise
     except (ConnectionError, RuntimeError, ValueError) as err:
         where = address or "a local Ray"
         raise ClusterError(f"cannot start or reach {where}: {str(err).splitlines()[0]}") from None
     url = getattr(ctx, "dashboard_url", None)
-    return f"http://{url}" if url and not url.startswith("http") else url
+    dashboard = f"http://{url}" if url and not url.startswith("http") else url
+    return dashboard, None if address else f"http://127.0.0.1:{metrics_port}/metrics"
 
 
 def placement(cache_dir: str, *, gpus_per_trial: float = 0.5) -> Placement:

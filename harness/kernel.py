@@ -103,48 +103,74 @@ def _stack_hparams(algo_name: str, hparams: list[dict[str, float]]) -> Any:
     return jax.tree.map(lambda *x: jnp.stack(x), *[cls.default(**h) for h in hparams])
 
 
+class TrialRunner:
+    """One trial's kernel driven step by step: ``chunk()`` until ``done``, then ``finish()``.
+
+    The state stays on the device between chunks; only the per-chunk metrics come back.
+    """
+
+    def __init__(self, plan: TrialPlan) -> None:
+        import jax
+
+        self.plan = plan
+        self.config = build_config(plan.algo, plan.config)
+        init, self._chunk, self._evaluate = _compiled(plan.env, plan.algo, self.config)
+        self.hp = _stack_hparams(plan.algo, plan.hparams)
+        train_keys, self.eval_keys = keys_for(plan)
+        self.runs = len(plan.hparams) * plan.seeds
+        t0 = time.perf_counter()
+        self.state = jax.block_until_ready(init(train_keys, self.hp))
+        self.compile_s, self.kernel_s, self.steps = time.perf_counter() - t0, 0.0, 0
+        self.curves: list[ChunkReport] = []
+
+    @property
+    def done(self) -> bool:
+        return len(self.curves) >= self.config.num_chunks
+
+    def chunk(self) -> ChunkReport:
+        import jax
+
+        t = time.perf_counter()
+        self.state, m = self._chunk(self.state, self.hp)
+        m = jax.device_get(m)  # waits for the chunk
+        dt = time.perf_counter() - t
+        if self.curves:
+            self.kernel_s += dt
+        else:  # the first call compiles; count it as overhead, not kernel time
+            self.compile_s += dt
+        new_steps = int(np.asarray(m.env_steps)[0, 0, -1])
+        report = ChunkReport(
+            chunk=len(self.curves) + 1, num_chunks=self.config.num_chunks, env_steps=new_steps,
+            returns=_nanmean_last_axis(np.asarray(m.episode_return)),
+            diverged=np.asarray(m.diverged)[..., -1].astype(bool),
+            steps_per_sec=(new_steps - self.steps) * self.runs / max(dt, 1e-9), kernel_seconds=self.kernel_s)
+        self.steps = new_steps
+        self.curves.append(report)
+        return report
+
+    def finish(self) -> TrialResult:
+        """Deterministic evaluation of every run on the evaluation seeds."""
+        import jax
+
+        t = time.perf_counter()
+        ev = jax.device_get(self._evaluate(self.state, self.eval_keys))
+        self.compile_s += time.perf_counter() - t
+        diverged = np.asarray(jax.device_get(self.state.diverged)).astype(bool)
+        scores = np.where(diverged, np.nan, np.asarray(ev.return_mean, np.float64))
+        return TrialResult(scores, diverged, self.steps, self.kernel_s, self.compile_s, self.curves)
+
+
 def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = None) -> TrialResult:
     """Trains the plan's C x S runs in one kernel, chunk by chunk, then evaluates each run.
 
     ``on_chunk`` is called on the host after every chunk; it may raise to stop the trial.
     """
-    import jax
-
-    config = build_config(plan.algo, plan.config)
-    init, chunk, evaluate = _compiled(plan.env, plan.algo, config)
-    hp = _stack_hparams(plan.algo, plan.hparams)
-    train_keys, eval_keys = keys_for(plan)
-    runs = len(plan.hparams) * plan.seeds
-
-    t0 = time.perf_counter()
-    state = jax.block_until_ready(init(train_keys, hp))
-    compile_s, kernel_s, curves = time.perf_counter() - t0, 0.0, []
-    steps = 0
-    for i in range(config.num_chunks):
-        t = time.perf_counter()
-        state, m = chunk(state, hp)
-        m = jax.device_get(m)  # waits for the chunk
-        dt = time.perf_counter() - t
-        if i == 0:  # the first call compiles; count it as overhead, not kernel time
-            compile_s += dt
-        else:
-            kernel_s += dt
-        new_steps = int(np.asarray(m.env_steps)[0, 0, -1])
-        report = ChunkReport(
-            chunk=i + 1, num_chunks=config.num_chunks, env_steps=new_steps,
-            returns=_nanmean_last_axis(np.asarray(m.episode_return)),
-            diverged=np.asarray(m.diverged)[..., -1].astype(bool),
-            steps_per_sec=(new_steps - steps) * runs / max(dt, 1e-9), kernel_seconds=kernel_s)
-        steps = new_steps
-        curves.append(report)
+    runner = TrialRunner(plan)
+    while not runner.done:
+        report = runner.chunk()
         if on_chunk is not None:
             on_chunk(report)
-    t = time.perf_counter()
-    ev = jax.device_get(evaluate(state, eval_keys))
-    compile_s += time.perf_counter() - t
-    diverged = np.asarray(jax.device_get(state.diverged)).astype(bool)
-    scores = np.where(diverged, np.nan, np.asarray(ev.return_mean, np.float64))
-    return TrialResult(scores, diverged, steps, kernel_s, compile_s, curves)
+    return runner.finish()
 
 
 def _nanmean_last_axis(x: np.ndarray) -> np.ndarray:

@@ -144,7 +144,7 @@ class Runner:
         # Fail fast, before Ray starts: the budget's values and the search space at its size.
         early = self._budget("cpu", meta)
         validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=early.timesteps)
-        dashboard = cluster.start(self.args.address)
+        dashboard, metrics = cluster.start(self.args.address)
         try:
             place = cluster.placement(_cache_dir())
             budget = self._budget(place.kind, meta)
@@ -164,7 +164,10 @@ class Runner:
                   f"({place.slots} trials at a time)")
             print(f"results: {self.root}")
             if dashboard:
-                print(f"Ray dashboard: {dashboard}")
+                print(f"Ray dashboard: {dashboard} (token: `ray get-auth-token`; trials are the actors "
+                      f"named {self.study.name}_trial)")
+            if metrics:
+                print(f"Prometheus metrics: {metrics} (rl_harness_* by study, trial, config)")
             return self._search_and_finish()
         finally:
             import ray
@@ -211,7 +214,7 @@ class Runner:
         from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
         from harness.search import BatchedOptunaSearcher
-        from harness.trainable import train_trial
+        from harness.trainable import trainable_for
 
         class RecordingASHA(ASHAScheduler):
             stopped: set[str] = set()
@@ -236,7 +239,7 @@ class Runner:
             is_pruned=lambda tid: scheduler is not None and tid in RecordingASHA.stopped)
         runs = len(list((self.root / "tune").glob("run-*"))) if (self.root / "tune").exists() else 0
         tuner = tune.Tuner(
-            tune.with_resources(train_trial, self.place.resources),
+            trainable_for(self.study.name, self.place.resources),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,
                                         max_concurrent_trials=self.place.slots, reuse_actors=True,
                                         trial_dirname_creator=_trial_dirname),
@@ -351,12 +354,13 @@ class Runner:
 
         from ray import tune
 
-        from harness.trainable import train_trial
+        from harness.trainable import trainable_for
 
         runs = len(list((self.root / "tune").glob("*"))) if (self.root / "tune").exists() else 0
         tuner = tune.Tuner(
-            tune.with_resources(train_trial, self.place.resources),
-            param_space={"plan": tune.grid_search([asdict(p) for p in plans]), "device": self.place.device},
+            trainable_for(self.study.name, self.place.resources),
+            param_space={"plan": tune.grid_search([asdict(p) for p in plans]), "device": self.place.device,
+                         "study": self.study.name},
             tune_config=tune.TuneConfig(max_concurrent_trials=self.place.slots, reuse_actors=True,
                                         trial_dirname_creator=_trial_dirname),
             run_config=tune.RunConfig(name=f"final-{runs}", storage_path=str(self.root / "tune"), verbose=0,

@@ -1,4 +1,4 @@
-"""The Ray Tune function trainable: one trial = one C x S kernel, reporting after every chunk.
+"""The Ray Tune trainable: one trial = one C x S kernel, reporting after every chunk.
 
 This module must not import JAX at import time: the process setup (CPU core pinning, GPU memory
 fraction, persistent compilation cache) has to happen before JAX starts its backend, and Ray
@@ -13,6 +13,8 @@ import os
 import threading
 import time
 from typing import Any
+
+from ray import tune
 
 _SETUP_DONE = False
 _CORE_LOCKS: list[Any] = []  # held for the process's lifetime
@@ -78,62 +80,135 @@ def _best(rows: list[list[float | None]], diverged: list[list[bool]]) -> float:
 
 
 class _Watchdog:
-    """Ends the process if a chunk makes no progress for ``limit`` seconds.
+    """Ends the process if one step (a chunk, or a trial's setup) runs longer than ``limit`` s.
 
     XLA on CPU has hung in a first call (RAY_FACTS.md); a dead worker makes Tune retry the
     trial, and a trial that keeps failing is recorded as failed, instead of a study that
-    waits forever.
+    waits forever. An idle worker (between trials) is never ended.
     """
 
     def __init__(self, limit: float) -> None:
-        self.limit, self.last = limit, time.monotonic()
+        self.limit, self.since = limit, None
         threading.Thread(target=self._watch, daemon=True).start()
 
-    def beat(self) -> None:
-        self.last = time.monotonic()
+    def busy(self) -> None:
+        self.since = time.monotonic()
 
-    def stop(self) -> None:
-        self.limit = math.inf
+    def idle(self) -> None:
+        self.since = None
 
     def _watch(self) -> None:
         while True:
             time.sleep(5)
-            if time.monotonic() - self.last > self.limit:
-                print(f"rl-harness: no progress for {self.limit:.0f}s; ending this worker", flush=True)
+            since = self.since
+            if since is not None and time.monotonic() - since > self.limit:
+                print(f"rl-harness: a step made no progress for {self.limit:.0f}s; ending this worker", flush=True)
                 os._exit(3)
 
 
-def train_trial(config: dict[str, Any]) -> None:
-    """Tune function trainable. ``config`` holds a ``TrialPlan`` as a dict and device settings."""
-    setup_process(config.get("device", {}))
-    from ray import tune
+_GAUGES: dict[str, Any] = {}
 
-    from harness.kernel import TrialPlan, run_trial
 
-    plan = TrialPlan(**config["plan"])
-    watchdog = _Watchdog(float(config.get("device", {}).get("chunk_timeout", 900)))
-    started = time.perf_counter()
-    last: dict[str, Any] = {}
+def _export(study: str, trial: int, values: dict[str, list[float | None]], sps: float) -> None:
+    """Per-configuration metrics for the Ray dashboard's Metrics page (Prometheus), tagged by
+    study, trial and configuration: ``rl_harness_<name>{study, trial, config}``."""
+    from ray.util.metrics import Gauge
 
-    def on_chunk(r: Any) -> None:
-        watchdog.beat()
-        _maybe_crash(plan, r.chunk)
+    from harness.records import config_id
+
+    if not _GAUGES:
+        for name, desc in (("return", "mean training episode return over seeds, last chunk"),
+                           ("score", "mean deterministic evaluation return over seeds"),
+                           ("env_steps", "env steps per seed so far"), ("diverged", "1 if any seed diverged"),
+                           ("steps_per_sec", "env steps per second of the whole trial kernel")):
+            _GAUGES[name] = Gauge(f"rl_harness_{name}", description=desc, tag_keys=("study", "trial", "config"))
+    for name, per_config in values.items():
+        for i, v in enumerate(per_config):
+            if v is not None and math.isfinite(v):
+                _GAUGES[name].set(v, tags={"study": study, "trial": str(trial), "config": config_id(trial, i)})
+    _GAUGES["steps_per_sec"].set(sps, tags={"study": study, "trial": str(trial), "config": "all"})
+
+
+class StudyTrial(tune.Trainable):
+    """A Tune trial: one C x S kernel (``harness.kernel.TrialRunner``), one chunk per ``step``.
+
+    Subclassed per study by :func:`trainable_for`, so the Ray dashboard's Actors page (and
+    ``ray.util.state.list_actors()``) names the study in the class and the trial in the repr.
+    With actor reuse, ``reset_config`` starts the next trial in the same warm process.
+    """
+
+    def setup(self, config: dict[str, Any]) -> None:
+        device = config.get("device", {})
+        setup_process(device)
+        self.watchdog = _Watchdog(float(device.get("chunk_timeout", 900)))
+        self._start(config)
+
+    def _start(self, config: dict[str, Any]) -> None:
+        from harness.kernel import TrialPlan, TrialRunner
+
+        self.plan = TrialPlan(**config["plan"])
+        self.study_name = config.get("study", "")
+        self.started = time.perf_counter()
+        self.watchdog.busy()
+        self.runner = TrialRunner(self.plan)  # compiles on first use of a static config
+        self.watchdog.idle()
+        self.last: dict[str, Any] = {}
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        self._start(new_config)
+        return True
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """No mid-trial checkpoints: a trial is minutes long; a failed one re-runs from its seeds."""
+        return None
+
+    def load_checkpoint(self, checkpoint: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        plan = getattr(self, "plan", None)
+        return f"{getattr(self, 'study_name', 'study')} trial {plan.trial if plan else '?'}"
+
+    def step(self) -> dict[str, Any]:
+        self.watchdog.busy()
+        r = self.runner.chunk()
+        _maybe_crash(self.plan, r.chunk)
         returns, diverged = _floats(r.returns), r.diverged.tolist()
-        last.update(env_steps=r.env_steps, returns=returns, diverged=diverged,
-                    steps_per_sec=r.steps_per_sec, kernel_seconds=r.kernel_seconds,
-                    chunk=r.chunk, num_chunks=r.num_chunks)
-        if r.chunk < r.num_chunks:  # the last chunk is reported with the evaluation
-            tune.report({"score": _best(returns, diverged), **last})
+        self.last.update(env_steps=r.env_steps, returns=returns, diverged=diverged,
+                         steps_per_sec=r.steps_per_sec, kernel_seconds=r.kernel_seconds,
+                         chunk=r.chunk, num_chunks=r.num_chunks)
+        per_config = {"return": [_mean(row) for row in returns], "env_steps": [float(r.env_steps)] * len(returns),
+                      "diverged": [float(any(d)) for d in diverged]}
+        if not self.runner.done:  # the last chunk is reported with the evaluation
+            _export(self.study_name, self.plan.trial, per_config, r.steps_per_sec)
+            self.watchdog.idle()
+            return {"score": _best(returns, diverged), **self.last}
+        result = self.runner.finish()
+        self.watchdog.idle()
+        scores, diverged = _floats(result.scores), result.diverged.tolist()
+        _export(self.study_name, self.plan.trial, {**per_config, "score": [_mean(row) for row in scores]},
+                r.steps_per_sec)
+        return {**self.last, "score": _best(scores, diverged), "scores": scores, "diverged": diverged,
+                "final": True, "done": True, "compile_seconds": result.compile_seconds,
+                "kernel_seconds": result.kernel_seconds, "trial_seconds": time.perf_counter() - self.started}
 
-    try:
-        result = run_trial(plan, on_chunk)
-    finally:
-        watchdog.stop()
-    scores, diverged = _floats(result.scores), result.diverged.tolist()
-    tune.report({**last, "score": _best(scores, diverged), "scores": scores, "diverged": diverged,
-                 "final": True, "compile_seconds": result.compile_seconds,
-                 "kernel_seconds": result.kernel_seconds,
-                 "trial_seconds": time.perf_counter() - started})
+
+def trainable_for(study: str, resources: dict[str, float]) -> type[StudyTrial]:
+    """``StudyTrial`` under a class name that names the study (what the dashboard shows),
+    asking for ``resources`` per trial (``tune.with_resources`` would rename the class)."""
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    def default_resource_request(cls: type, config: dict) -> PlacementGroupFactory:
+        return PlacementGroupFactory([{k.upper() if k in ("cpu", "gpu") else k: v for k, v in resources.items()}])
+
+    name = "".join(ch if ch.isalnum() else "_" for ch in study).strip("_") or "study"
+    attrs = {"__module__": __name__, "default_resource_request": classmethod(default_resource_request)}
+    return type(f"{name}_trial", (StudyTrial,), attrs)
+
+
+def _mean(row: list[float | None]) -> float | None:
+    vals = [v for v in row if v is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _maybe_crash(plan: Any, chunk: int) -> None:

@@ -302,3 +302,52 @@ def test_registered_studies__every_static_choice_builds_at_every_budget(name):
         validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)
     assert study.static_names({f for f in spec.config_cls.__dataclass_fields__}) in ([], ["num_minibatches"],
                                                                                      ["batch_size"])
+
+
+@pytest.mark.slow
+def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_env):
+    import urllib.request
+
+    port = _free_port()
+    env = {**ray_env, "RL_HARNESS_METRICS_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.study", "cartpole_ppo", *TINY, "--trials", "2",
+                             "--timesteps", "150000", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    lines = []
+    while not any(ln.startswith("Prometheus metrics:") for ln in lines):
+        line = proc.stdout.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+    dashboard = next(ln.split()[2] for ln in lines if ln.startswith("Ray dashboard:"))
+    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    found_actors = found_metrics = None
+    deadline = time.monotonic() + 240
+    try:
+        while (found_actors is None or found_metrics is None) and time.monotonic() < deadline:
+            time.sleep(2)
+            req = urllib.request.Request(f"{dashboard}/api/v0/actors?limit=100&detail=true",
+                                         headers={"Authorization": f"Bearer {token}"})
+            try:  # the dashboard and the metrics agent come up a little after the study starts
+                actors = json.loads(urllib.request.urlopen(req, timeout=10).read())["data"]["result"]["result"]
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            except OSError:
+                continue
+            named = [a for a in actors if a.get("class_name") == "cartpole_ppo_trial" and a["state"] == "ALIVE"]
+            if named:
+                found_actors = named
+            rows = [ln for ln in text.splitlines() if ln.startswith("ray_rl_harness_return{")]
+            if rows:
+                found_metrics = rows
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert found_actors, "no actor of class cartpole_ppo_trial"
+    assert any("cartpole_ppo trial" in (a.get("repr_name") or "") for a in found_actors), found_actors
+    assert found_metrics and all('study="cartpole_ppo"' in r and 'config="t000' in r and 'trial="' in r
+                                 for r in found_metrics), found_metrics
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
