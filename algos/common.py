@@ -95,12 +95,15 @@ class Algo(NamedTuple):
     """An algorithm's pure functions for one env and static config.
 
     ``init(key, hparams) -> state``; ``chunk(state, hparams) -> (state, metrics [K])``;
-    ``evaluate(state, key) -> EvalMetrics``.
+    ``evaluate(state, key) -> EvalMetrics``; ``act(policy_params, obs) -> env action`` (the
+    deterministic policy); ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps).
     """
 
     init: Callable[..., Any]
     chunk: Callable[..., Any]
     evaluate: Callable[..., Any]
+    act: Callable[..., Any]
+    policy_params: Callable[..., Any]
 
 
 class EvalMetrics(NamedTuple):

@@ -253,5 +253,5 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         return evaluate_policy(env, env_params, lambda o: act(state.params, o), key,
                                config.eval_episodes)
 
-    return Algo(init, chunk, evaluate)
+    return Algo(init, chunk, evaluate, act, lambda state: state.params)
 

@@ -72,18 +72,24 @@ def keys_for(plan: TrialPlan) -> tuple[Any, Any]:
     return stream(0), stream(1)
 
 
-@functools.lru_cache(maxsize=16)
-def _compiled(env_name: str, algo_name: str, config: Any) -> tuple[Callable, Callable, Callable]:
-    import jax
-
+def make_algo(env_name: str, algo_name: str, config: Any) -> Any:
+    """The algorithm's pure functions for a registered env and a static config instance."""
     import algos
     import envs
 
-    spec = algos.get(algo_name)
     env, env_params = envs.make(env_name)
-    algo = spec.make(config, env, env_params)
+    return algos.get(algo_name).make(config, env, env_params)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(env_name: str, algo_name: str, config: Any) -> tuple[Callable, Callable, Callable, Any]:
+    import jax
+
+    import algos
+
+    algo = make_algo(env_name, algo_name, config)
     return (jax.jit(algos.batched(algo.init)), jax.jit(algos.batched(algo.chunk)),
-            jax.jit(algos.batched(algo.evaluate, hparams_argnum=None)))
+            jax.jit(algos.batched(algo.evaluate, hparams_argnum=None)), algo)
 
 
 def build_config(algo_name: str, config: dict[str, Any]) -> Any:
@@ -114,7 +120,7 @@ class TrialRunner:
 
         self.plan = plan
         self.config = build_config(plan.algo, plan.config)
-        init, self._chunk, self._evaluate = _compiled(plan.env, plan.algo, self.config)
+        init, self._chunk, self._evaluate, self.algo = _compiled(plan.env, plan.algo, self.config)
         self.hp = _stack_hparams(plan.algo, plan.hparams)
         train_keys, self.eval_keys = keys_for(plan)
         self.runs = len(plan.hparams) * plan.seeds
@@ -147,6 +153,12 @@ class TrialRunner:
         self.steps = new_steps
         self.curves.append(report)
         return report
+
+    def policy_params(self) -> Any:
+        """The deterministic policy's parameters of every run, on the host: leaves ``[C, S, ...]``."""
+        import jax
+
+        return jax.device_get(self.algo.policy_params(self.state))
 
     def finish(self) -> TrialResult:
         """Deterministic evaluation of every run on the evaluation seeds."""

@@ -347,7 +347,31 @@ class Runner:
                         "diverged": None if failed else [v for _, i, res in parts for v in res["diverged"][i]],
                         "plans": [{"plan": dataclasses.asdict(plan), "config_index": i} for plan, i, _ in parts],
                         "command": self._train_command(rec["static"], conf["hparams"], rounds * seeds)})
+            if not failed:
+                self._keep_checkpoints(cid, rec["static"], conf["hparams"], parts)
         write_json(self.root / "final.json", {"trials": numbers, "configs": out})
+
+    def _keep_checkpoints(self, cid: str, static: dict, hparams: dict, parts: list) -> None:
+        """Copies the re-trained policies of ``cid`` to ``checkpoints/<cid>/seed_K.msgpack`` with
+        ``policy.json`` (everything needed to rebuild the policy, and each seed's evaluation)."""
+        import shutil
+
+        folder = self.root / "checkpoints" / cid
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        seeds = []
+        for plan, i, res in parts:
+            for s in range(plan.seeds):
+                src = Path(res["checkpoint"]) / f"c{i}_s{s}.msgpack"
+                if not src.exists():
+                    return  # no checkpoint came back (e.g. a retried trial); keep none rather than half
+                k = len(seeds)
+                shutil.copyfile(src, folder / f"seed_{k}.msgpack")
+                seeds.append({"seed": k, "score": res["scores"][i][s], "diverged": res["diverged"][i][s],
+                              "plan": dataclasses.asdict(plan), "config_index": i, "seed_index": s})
+        write_json(folder / "policy.json", {"config_id": cid, "study": self.study.name, "env": self.study.env,
+                                            "algo": self.study.algo, "config": static, "hparams": hparams,
+                                            "seeds": seeds})
 
     def _run_plans(self, plans: list[Any]) -> list[dict[str, Any] | None]:
         from dataclasses import asdict
@@ -364,13 +388,14 @@ class Runner:
             tune_config=tune.TuneConfig(max_concurrent_trials=self.place.slots, reuse_actors=True,
                                         trial_dirname_creator=_trial_dirname),
             run_config=tune.RunConfig(name=f"final-{runs}", storage_path=str(self.root / "tune"), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=2)))
+                                      failure_config=tune.FailureConfig(max_failures=2),
+                                      checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True)))
         grid = tuner.fit()
         out: list[dict[str, Any] | None] = [None] * len(plans)
         for r in grid:
             if r.error is None and r.metrics.get("final"):
                 trial = r.config["plan"]["trial"]
-                out[trial] = r.metrics
+                out[trial] = {**r.metrics, "checkpoint": r.checkpoint.path if r.checkpoint else ""}
         return out
 
     def _train_command(self, static: dict[str, Any], hparams: dict[str, float], seeds: int) -> str:

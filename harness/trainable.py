@@ -159,7 +159,21 @@ class StudyTrial(tune.Trainable):
         return True
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        """No mid-trial checkpoints: a trial is minutes long; a failed one re-runs from its seeds."""
+        """At the end of a trial: each run's policy parameters, ``c{config}_s{seed}.msgpack``.
+
+        No mid-trial checkpoints: a trial is minutes long, and a failed one re-runs from its seeds.
+        """
+        if not self.runner.done:
+            return None
+        import jax
+        from flax import serialization
+
+        params = self.runner.policy_params()
+        for c in range(len(self.plan.hparams)):
+            for s in range(self.plan.seeds):
+                one = jax.tree.map(lambda x, c=c, s=s: x[c, s], params)
+                with open(os.path.join(checkpoint_dir, f"c{c}_s{s}.msgpack"), "wb") as f:
+                    f.write(serialization.to_bytes(one))
         return None
 
     def load_checkpoint(self, checkpoint: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -182,6 +183,19 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
     assert "harness.train" in best["reproduce"]["command"]
     page = (root / "reports" / "index.html").read_text()
     assert 'src="curves.png"' in page and best["config_id"] in page
+    # the best configuration's policies are kept; loading one gives its evaluation at save time
+    gif = tmp_path / "best.gif"
+    r = subprocess.run([sys.executable, "-m", "harness.play", str(root), "--seed", "1", "--gif", str(gif)],
+                       capture_output=True, text=True, cwd=ROOT, env=ray_env)
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"evaluation return (\S+) \(at save time (\S+)\); episode return \S+ in (\d+) steps", r.stdout)
+    assert m and float(m[1]) == pytest.approx(float(m[2]), rel=1e-5), r.stdout
+    from PIL import Image
+
+    assert Image.open(gif).n_frames == int(m[3]) + 1
+    bad = subprocess.run([sys.executable, "-m", "harness.play", str(root), "--config", "t9999c0"],
+                         capture_output=True, text=True, cwd=ROOT)
+    _one_error_line(bad, "no checkpoint for configuration 't9999c0'; kept: ")
     # the reports rebuild from disk without Ray, identically
     before = {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")}
     assert subprocess.run([sys.executable, "-m", "harness.report", str(root)], cwd=ROOT).returncode == 0

@@ -1,0 +1,124 @@
+"""Watch a trained policy: load a kept checkpoint, play one episode, write an animated GIF.
+
+    python -m harness.play results/cartpole_ppo --gif best.gif
+    python -m harness.play results/pendulum_sac --config t0003c1 --seed 2 --gif p.gif
+
+The checkpoints are the best configurations' policies from the study's final re-training
+(``results/NAME/checkpoints/<config>/seed_K.msgpack`` + ``policy.json``). Before playing, the
+loaded policy is evaluated again exactly as at save time and both returns are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class PlayError(Exception):
+    """A user mistake: one line, exit status 2."""
+
+
+def _choose(root: Path, config: str | None, seed: int) -> tuple[dict[str, Any], Path]:
+    folder = root / "checkpoints"
+    if not root.is_dir():
+        raise PlayError(f"no results folder at {root}")
+    kept = sorted(p.name for p in folder.iterdir() if (p / "policy.json").exists()) if folder.is_dir() else []
+    if not kept:
+        raise PlayError(f"{root} has no checkpoints yet (they are written when the study finishes)")
+    if config is None:
+        best = root / "reports" / "best.json"
+        config = json.loads(best.read_text()).get("config_id") if best.exists() else None
+        config = config if config in kept else kept[0]
+    if config not in kept:
+        raise PlayError(f"no checkpoint for configuration {config!r}; kept: {', '.join(kept)}")
+    policy = json.loads((folder / config / "policy.json").read_text())
+    seeds = [s["seed"] for s in policy["seeds"]]
+    if seed not in seeds:
+        raise PlayError(f"configuration {config} has no seed {seed}; seeds: {', '.join(map(str, seeds))}")
+    return policy, folder / config / f"seed_{seed}.msgpack"
+
+
+def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: int = 0,
+         gif: Path | None = None) -> dict[str, Any]:
+    """Loads a checkpoint, re-evaluates it, plays one episode; returns what it found.
+
+    Raises:
+        PlayError: no such results folder, checkpoint, configuration or seed, or no renderer.
+    """
+    from harness.device import configure_xla
+
+    configure_xla()
+    import jax
+    from flax import serialization
+
+    import envs
+    from algos.common import evaluate_policy
+    from harness.kernel import TrialPlan, build_config, keys_for, make_algo
+    from harness.render import RENDERERS
+
+    policy, path = _choose(Path(root), config, seed)
+    if gif is not None and policy["env"] not in RENDERERS:
+        raise PlayError(f"no renderer for {policy['env']}; renderers: {', '.join(RENDERERS)}")
+    params = serialization.msgpack_restore(path.read_bytes())
+    cfg = build_config(policy["algo"], policy["config"])
+    algo = make_algo(policy["env"], policy["algo"], cfg)
+    env, env_params = envs.make(policy["env"])
+    act = jax.jit(algo.act)
+    info = next(s for s in policy["seeds"] if s["seed"] == seed)
+    eval_key = keys_for(TrialPlan(**info["plan"]))[1][info["config_index"], info["seed_index"]]
+    again = evaluate_policy(env, env_params, lambda o: algo.act(params, o), eval_key, cfg.eval_episodes)
+
+    step = jax.jit(env.step)
+    key = jax.random.key(episode_seed)
+    obs, state = env.reset(jax.random.fold_in(key, 0), env_params)
+    frames_obs, returns, total, t = [jax.device_get(obs)], [0.0], 0.0, 0
+    while True:
+        s = step(jax.random.fold_in(key, t + 1), state, act(params, obs), env_params)
+        total, t = total + float(s.reward), t + 1
+        frames_obs.append(jax.device_get(s.final_obs))
+        returns.append(total)
+        if bool(s.done):
+            break
+        obs, state = s.obs, s.state
+    if gif is not None:
+        from PIL import ImageDraw
+
+        render = RENDERERS[policy["env"]]
+        frames = []
+        for i, (o, ret) in enumerate(zip(frames_obs, returns, strict=True)):
+            img = render(o, env_params)
+            # the caption also keeps every frame distinct (GIF writers merge identical frames)
+            ImageDraw.Draw(img).text((6, 4), f"{policy['config_id']}  t={i}  return={ret:.1f}", fill="black")
+            frames.append(img)
+        frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
+    return {"config_id": policy["config_id"], "seed": seed, "saved_eval": info["score"],
+            "eval": float(again.return_mean), "episode_return": total, "steps": t, "frames": len(frames_obs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.play", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", help="a study's results folder, e.g. results/cartpole_ppo")
+    p.add_argument("--config", help="configuration id (default: the study's best)")
+    p.add_argument("--seed", type=int, default=0, help="which re-trained seed's policy (default 0)")
+    p.add_argument("--episode-seed", type=int, default=0, help="seed of the episode played (default 0)")
+    p.add_argument("--gif", type=Path, help="write the episode as an animated GIF here")
+    a = p.parse_args(argv)
+    try:
+        r = play(Path(a.results), config=a.config, seed=a.seed, episode_seed=a.episode_seed, gif=a.gif)
+    except PlayError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    saved = "diverged" if r["saved_eval"] is None else f"{r['saved_eval']:.2f}"
+    print(f"{r['config_id']} seed {r['seed']}: evaluation return {r['eval']:.2f} (at save time {saved}); "
+          f"episode return {r['episode_return']:.2f} in {r['steps']} steps")
+    if a.gif:
+        print(f"wrote {a.gif} ({r['frames']} frames)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
