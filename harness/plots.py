@@ -29,6 +29,16 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path, ax: Any = None) -> Path:
+    if ax is not None:
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _band(values: np.ndarray, *, resamples: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Bootstrap 95% interval of the mean over seeds, per step: ``values [S, T]`` (NaN allowed)."""
     rng = np.random.default_rng(seed)
@@ -60,12 +70,7 @@ def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path) -> Path
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set(xlabel="env steps per seed", ylabel="training episode return",
            title=f"top {len(ranked)} configurations: mean over seeds, bootstrap 95% band")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, ax)
 
 
 def params_plot(configs: pd.DataFrame, space: dict[str, str], metric: str, path: Path) -> Path | None:
@@ -99,10 +104,7 @@ def params_plot(configs: pd.DataFrame, space: dict[str, str], metric: str, path:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"configuration score ({metric} evaluation return over seeds) by hyperparameter")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def progress_plot(configs: pd.DataFrame, metric: str, maximize: bool, path: Path) -> Path | None:
@@ -118,12 +120,7 @@ def progress_plot(configs: pd.DataFrame, metric: str, maximize: bool, path: Path
     ax.scatter(trials, per_trial, s=16, alpha=0.6, label="best configuration of the trial")
     ax.step(trials, best, where="post", label="best so far")
     ax.set(xlabel="trial", ylabel=metric, title="best score over trials")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, ax)
 
 
 def index_html(root: Path, configs: pd.DataFrame, images: list[Path], best: dict[str, Any] | None) -> Path:
