@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,10 @@ def _band(values: np.ndarray, *, resamples: int = 500, seed: int = 0) -> tuple[n
     rng = np.random.default_rng(seed)
     s = values.shape[0]
     idx = rng.integers(0, s, size=(resamples, s))
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            means = np.nanmean(values[idx], axis=1)  # [R, T]
-            return np.nanpercentile(means, 2.5, axis=0), np.nanpercentile(means, 97.5, axis=0)
+    with warnings.catch_warnings():  # steps where no seed finished an episode are all-NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(values[idx], axis=1)  # [R, T]
+        return np.nanpercentile(means, 2.5, axis=0), np.nanpercentile(means, 97.5, axis=0)
 
 
 def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path) -> Path | None:

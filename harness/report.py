@@ -20,27 +20,7 @@ import pandas as pd
 
 from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, write_json
 from harness.space import label
-
-
-def iqm(x: np.ndarray) -> float:
-    """Interquartile mean: the mean of the middle 50% (fractional weights at the edges)."""
-    x = np.sort(np.asarray(x, float))
-    n = len(x)
-    if n == 0:
-        return float("nan")
-    lo, hi = 0.25 * n, 0.75 * n
-    weights = np.clip(np.minimum(np.arange(1, n + 1), hi) - np.maximum(np.arange(n), lo), 0, 1)
-    return float(np.sum(weights * x) / np.sum(weights))
-
-
-def bootstrap_ci(x: np.ndarray, *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the mean over seeds (fixed seed: reproducible)."""
-    x = np.asarray(x, float)
-    if len(x) == 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = rng.choice(x, size=(resamples, len(x)), replace=True).mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+from harness.stats import bootstrap_ci, config_score, iqm
 
 
 def _param_columns(params: dict[str, Any]) -> dict[str, Any]:
@@ -97,10 +77,8 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
         metric = meta.get("metric", "mean")
 
         def key(c: dict) -> float:
-            vals = [v for v in c["scores"] or [] if v is not None]
-            if not vals or any(c["diverged"] or []):
-                return -np.inf
-            return (iqm(np.array(vals)) if metric == "iqm" else float(np.mean(vals))) * (1 if maximize else -1)
+            value = config_score(c["scores"], c["diverged"], metric)
+            return -np.inf if value is None else value * (1 if maximize else -1)
         top = max(final["configs"], key=key)
         vals = np.array([v for v in top["scores"] or [] if v is not None], float)
         row = configs.set_index("config_id").loc[top["config_id"]]

@@ -9,7 +9,6 @@ it diverged or the trial errored.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -18,8 +17,8 @@ import optuna
 from ray.tune.search import Searcher
 
 from harness.kernel import TrialPlan
-from harness.report import iqm
 from harness.space import Categorical, Int, LogUniform, Study, Uniform
+from harness.stats import config_score
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -148,7 +147,7 @@ class BatchedOptunaSearcher(Searcher):
                                    "scores": result["scores"][i] if status == "complete" else None,
                                    "diverged": (result.get("diverged") or [None] * len(trials))[i]}
             if status == "pruned":
-                rec["last_return"] = _mean_finite(result.get("returns", [[]] * len(trials))[i])
+                rec["last_return"] = config_score(result.get("returns", [[]] * len(trials))[i])
             configs.append(rec)
         by_chunk = self.curves.pop(trial_id, {})
         curves = [by_chunk[k] for k in sorted(by_chunk)]
@@ -178,14 +177,9 @@ class BatchedOptunaSearcher(Searcher):
 
 
 def config_value(config: dict[str, Any], metric: str = "mean") -> float | None:
-    """A configuration's score: the mean (or IQM) of its evaluation returns over its seeds;
-    None if it diverged or has no score."""
-    if config.get("scores") is None or any(config.get("diverged") or []):
-        return None
-    finite = [v for v in config["scores"] if v is not None and math.isfinite(v)]
-    if not finite:
-        return None
-    return iqm(finite) if metric == "iqm" else sum(finite) / len(finite)
+    """A recorded configuration's score: the mean (or IQM) of its evaluation returns over its
+    seeds; None if it diverged or has no score."""
+    return config_score(config.get("scores"), config.get("diverged"), metric)
 
 
 def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
@@ -199,11 +193,6 @@ def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
             ostudy.tell(number, value, skip_if_finished=True)
         else:
             ostudy.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-
-
-def _mean_finite(values: list[Any]) -> float | None:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else None
 
 
 def reconcile(ostudy: optuna.Study, records: list[dict[str, Any]]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -131,6 +132,21 @@ def _static_choices(dist: Distribution) -> list[Any]:
     raise StudyError("a static (shape-changing) setting must be Categorical or a small Int range")
 
 
+def static_points(study: Study, config_fields: set[str]) -> Iterator[dict[str, Any]]:
+    """Every combination of the study's static (shape-changing) choices, as ``{name: value}``.
+
+    Raises:
+        StudyError: a static setting whose space cannot be enumerated.
+    """
+    static = study.static_names(config_fields)
+    try:
+        grids = [_static_choices(study.space[n]) for n in static]
+    except StudyError as err:
+        raise StudyError(f"study {study.name}: {err}") from None
+    for combo in itertools.product(*grids):
+        yield dict(zip(static, combo, strict=True))
+
+
 def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: int) -> None:
     """Checks that every point of the study's space builds a valid static config.
 
@@ -162,13 +178,7 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         if name in hp_fields and isinstance(dist, Categorical) and not all(
                 isinstance(c, int | float) and math.isfinite(c) for c in dist.choices):
             raise StudyError(f"study {study.name}: hyperparameter {name} must have numeric choices")
-    static = study.static_names(config_fields)
-    try:
-        grids = [_static_choices(study.space[n]) for n in static]
-    except StudyError as err:
-        raise StudyError(f"study {study.name}: {err}") from None
-    for combo in itertools.product(*grids):
-        point = dict(zip(static, combo, strict=True))
+    for point in static_points(study, config_fields):
         try:
             config_cls(**{**study.config, **point, "total_timesteps": timesteps})
         except (ValueError, TypeError) as err:

@@ -253,17 +253,12 @@ class Runner:
         return self.done < self.budget.trials
 
     def _max_chunks(self) -> int:
-        import itertools
+        """The most chunks any static configuration of the study trains for (ASHA's max_t)."""
+        from harness.space import static_points
 
-        from harness.space import _static_choices
-
-        names = self.study.static_names(self.config_fields)
-        most = 1
-        for combo in itertools.product(*[_static_choices(self.study.space[n]) for n in names]):
-            cfg = self.spec.config_cls(**{**self.study.config, **dict(zip(names, combo, strict=True)),
-                                          "total_timesteps": self.budget.timesteps})
-            most = max(most, cfg.num_chunks)
-        return most
+        return max(self.spec.config_cls(**{**self.study.config, **point,
+                                           "total_timesteps": self.budget.timesteps}).num_chunks
+                   for point in static_points(self.study, self.config_fields))
 
     # -- records and progress ----------------------------------------------------------------
     def _on_record(self, record: dict[str, Any]) -> None:

@@ -71,11 +71,10 @@ def _floats(rows: Any) -> list[list[float | None]]:
 
 
 def _best(rows: list[list[float | None]], diverged: list[list[bool]]) -> float:
-    means = []
-    for row, div in zip(rows, diverged, strict=True):
-        vals = [v for v in row if v is not None]
-        if vals and not any(div):
-            means.append(sum(vals) / len(vals))
+    """The best configuration's mean over seeds (what Tune and ASHA see); NaN if none has one."""
+    from harness.stats import config_score
+
+    means = [m for row, div in zip(rows, diverged, strict=True) if (m := config_score(row, div)) is not None]
     return max(means) if means else float("nan")
 
 
@@ -184,6 +183,8 @@ class StudyTrial(tune.Trainable):
         return f"{getattr(self, 'study_name', 'study')} trial {plan.trial if plan else '?'}"
 
     def step(self) -> dict[str, Any]:
+        from harness.stats import config_score
+
         self.watchdog.busy()
         r = self.runner.chunk()
         _maybe_crash(self.plan, r.chunk)
@@ -191,7 +192,8 @@ class StudyTrial(tune.Trainable):
         self.last.update(env_steps=r.env_steps, returns=returns, diverged=diverged,
                          steps_per_sec=r.steps_per_sec, kernel_seconds=r.kernel_seconds,
                          chunk=r.chunk, num_chunks=r.num_chunks)
-        per_config = {"return": [_mean(row) for row in returns], "env_steps": [float(r.env_steps)] * len(returns),
+        per_config = {"return": [config_score(row) for row in returns],
+                      "env_steps": [float(r.env_steps)] * len(returns),
                       "diverged": [float(any(d)) for d in diverged]}
         if not self.runner.done:  # the last chunk is reported with the evaluation
             _export(self.study_name, self.plan.trial, per_config, r.steps_per_sec)
@@ -200,7 +202,7 @@ class StudyTrial(tune.Trainable):
         result = self.runner.finish()
         self.watchdog.idle()
         scores, diverged = _floats(result.scores), result.diverged.tolist()
-        _export(self.study_name, self.plan.trial, {**per_config, "score": [_mean(row) for row in scores]},
+        _export(self.study_name, self.plan.trial, {**per_config, "score": [config_score(row) for row in scores]},
                 r.steps_per_sec)
         return {**self.last, "score": _best(scores, diverged), "scores": scores, "diverged": diverged,
                 "final": True, "done": True, "compile_seconds": result.compile_seconds,
@@ -218,11 +220,6 @@ def trainable_for(study: str, resources: dict[str, float]) -> type[StudyTrial]:
     name = "".join(ch if ch.isalnum() else "_" for ch in study).strip("_") or "study"
     attrs = {"__module__": __name__, "default_resource_request": classmethod(default_resource_request)}
     return type(f"{name}_trial", (StudyTrial,), attrs)
-
-
-def _mean(row: list[float | None]) -> float | None:
-    vals = [v for v in row if v is not None]
-    return sum(vals) / len(vals) if vals else None
 
 
 def _maybe_crash(plan: Any, chunk: int) -> None:
