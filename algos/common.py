@@ -95,8 +95,8 @@ class Algo(NamedTuple):
     """An algorithm's pure functions for one env and static config.
 
     ``init(key, hparams) -> state``; ``chunk(state, hparams) -> (state, metrics [K])``;
-    ``evaluate(state, key) -> EvalMetrics``; ``act(policy_params, obs) -> env action`` (the
-    deterministic policy); ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps).
+    ``evaluate(state, key) -> EvalMetrics``; ``act(policy_params, obs, mask=None) -> env action``
+    (the deterministic policy; ``mask`` is the env's action mask where it has one); ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps).
     """
 
     init: Callable[..., Any]
@@ -115,21 +115,24 @@ class EvalMetrics(NamedTuple):
 def evaluate_policy(
     env: Environment,
     env_params: Any,
-    act: Callable[[jax.Array], jax.Array],
+    act: Callable[[jax.Array, jax.Array | None], jax.Array],
     key: jax.Array,
     num_episodes: int,
 ) -> EvalMetrics:
-    """Runs ``num_episodes`` episodes in parallel with the deterministic policy ``act(obs [N, ...])``.
+    """Runs ``num_episodes`` episodes in parallel with the deterministic policy
+    ``act(obs [N, ...], mask [N, A] or None)``; ``mask`` is the env's action mask, if it has one.
 
     Each environment plays exactly one episode (at most ``env_params.max_steps`` steps).
     """
     reset_keys = jax.random.split(jax.random.fold_in(key, 0), num_episodes)
     obs, state = jax.vmap(env.reset, (0, None))(reset_keys, env_params)
     step = jax.vmap(env.step, (0, 0, 0, None))
+    masks = jax.vmap(env.action_mask, (0, None))
 
     def body(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
         obs, state, ret, length, active = carry
-        s = step(jax.random.split(k, num_episodes), state, act(obs), env_params)
+        action = act(obs, masks(state, env_params))
+        s = step(jax.random.split(k, num_episodes), state, action, env_params)
         ret = ret + jnp.where(active, s.reward, 0.0)
         length = length + active.astype(jnp.int32)
         return (s.obs, s.state, ret, length, active & ~s.done), None

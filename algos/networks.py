@@ -32,26 +32,80 @@ class MLP(nn.Module):
         return x
 
 
+Network = Literal["mlp", "transformer"]
+
+
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs (PPO).
 
     Returns ``(policy_out, log_std, value)``: logits ``[A]`` and ``log_std=None`` for discrete
     actions; for continuous ones the Gaussian mean ``[A]`` and a state-independent log-std.
+    Observations of ``obs_ndim`` dimensions (e.g. a grid ``[H, W, F]``) are flattened.
     """
 
     action_dim: int
     discrete: bool
     hidden: Sequence[int] = (64, 64)
     activation: Activation = "tanh"
+    obs_ndim: int = 1
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+        obs = obs.reshape(*obs.shape[: obs.ndim - self.obs_ndim], -1)
         pi = _dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(obs))
         value = _dense(1, 1.0)(MLP(self.hidden, self.activation)(obs))
         log_std = None
         if not self.discrete:
             log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
         return pi, log_std, value[..., 0]
+
+
+class CellTransformer(nn.Module):
+    """Pre-norm transformer encoder over a set of cells ``[..., L, F]`` -> pooled ``[..., 2D]``.
+
+    Each cell's features are embedded and a learned position embedding (one per cell) added;
+    the output is the mean and max over cells of the last layer.
+    """
+
+    embed_dim: int = 32
+    num_heads: int = 2
+    num_layers: int = 2
+
+    @nn.compact
+    def __call__(self, cells: jax.Array) -> jax.Array:
+        pos = self.param("position", nn.initializers.normal(0.02), cells.shape[-2:-1] + (self.embed_dim,))
+        x = nn.Dense(self.embed_dim)(cells) + pos
+        for _ in range(self.num_layers):
+            y = nn.LayerNorm()(x)
+            x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads)(y, y)
+            y = nn.LayerNorm()(x)
+            x = x + nn.Dense(self.embed_dim)(nn.relu(nn.Dense(2 * self.embed_dim)(y)))
+        x = nn.LayerNorm()(x)
+        return jnp.concatenate([x.mean(-2), x.max(-2)], axis=-1)
+
+
+class TransformerActorCritic(nn.Module):
+    """A :class:`CellTransformer` torso shared by a policy head and a value head (discrete).
+
+    ``obs`` is a grid ``[..., *cells, F]`` (``obs_ndim`` dims, e.g. ``[H, W, F]``) whose cells
+    become the transformer's tokens. Returns ``(logits, None, value)`` like :class:`ActorCritic`.
+    """
+
+    action_dim: int
+    obs_ndim: int = 3
+    embed_dim: int = 32
+    num_heads: int = 2
+    num_layers: int = 2
+    head_hidden: int = 64
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, None, jax.Array]:
+        lead = obs.shape[: obs.ndim - self.obs_ndim]
+        cells = obs.reshape(*lead, -1, obs.shape[-1])
+        h = CellTransformer(self.embed_dim, self.num_heads, self.num_layers)(cells)
+        pi = _dense(self.action_dim, 0.01)(nn.relu(_dense(self.head_hidden)(h)))
+        value = _dense(1, 1.0)(nn.relu(_dense(self.head_hidden)(h)))
+        return pi, None, value[..., 0]
 
 
 def ppo_distribution(

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import flax.linen as nn
 import optax
 from flax import struct
 
@@ -31,7 +32,7 @@ from algos.common import (
     track_episodes,
 )
 from algos.gae import gae
-from algos.networks import Activation, ActorCritic, ppo_distribution
+from algos.networks import Activation, ActorCritic, Network, TransformerActorCritic, ppo_distribution
 from envs import Box, Discrete, Environment
 
 
@@ -47,6 +48,11 @@ class PPOConfig:
     updates_per_chunk: int = 10
     hidden: tuple[int, ...] = (64, 64)
     activation: Activation = "tanh"
+    network: Network = "mlp"  # "transformer": attention over grid cells (needs a grid obs)
+    embed_dim: int = 32  # transformer only
+    num_heads: int = 2
+    num_layers: int = 2
+    use_action_mask: bool = True  # False: ignore the env's action mask (for comparison)
     anneal_lr: bool = True
     normalize_advantages: bool = True
     eval_episodes: int = 16
@@ -54,7 +60,12 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         require_positive(self, "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                         "updates_per_chunk", "eval_episodes")
+                         "updates_per_chunk", "eval_episodes", "embed_dim", "num_heads",
+                         "num_layers")
+        if self.network not in ("mlp", "transformer"):
+            raise ValueError(f"network={self.network!r}; choose from mlp, transformer")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} does not divide embed_dim={self.embed_dim}")
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num_minibatches={self.num_minibatches} does not divide the batch "
@@ -128,12 +139,14 @@ class PPOMetrics(NamedTuple):
     entropy: jax.Array
     approx_kl: jax.Array
     diverged: jax.Array
+    illegal_actions: jax.Array  # fraction of this update's actions the env's mask forbade (0: no mask)
 
 
 class _Traj(NamedTuple):
     obs: jax.Array  # [T, N, ...]
     action: jax.Array
     log_prob: jax.Array
+    mask: jax.Array | None  # [T, N, A] legal actions the policy was restricted to, or None
     value: jax.Array
     reward: jax.Array
     terminated: jax.Array
@@ -141,14 +154,38 @@ class _Traj(NamedTuple):
     final_obs: jax.Array
 
 
+def network(config: PPOConfig, env: Environment, env_params: Any) -> nn.Module:
+    """The actor-critic ``config.network`` names, for this env's observation and action spaces.
+
+    Raises:
+        ValueError: a transformer was asked for a non-grid observation or continuous actions.
+    """
+    space = env.action_space(env_params)
+    obs_shape = env.observation_space(env_params).shape
+    if config.network == "mlp":
+        action_dim = space.n if isinstance(space, Discrete) else space.shape[0]
+        return ActorCritic(action_dim, isinstance(space, Discrete), config.hidden, config.activation,
+                           obs_ndim=len(obs_shape))
+    if len(obs_shape) < 2 or not isinstance(space, Discrete):
+        raise ValueError(f"network='transformer' needs a grid observation [..., cells, features] and "
+                         f"discrete actions; {env.name} has observation shape {obs_shape} and {space}")
+    return TransformerActorCritic(space.n, len(obs_shape), config.embed_dim, config.num_heads,
+                                  config.num_layers)
+
+
 def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
     """Builds PPO's pure functions for one environment and static config."""
     space = env.action_space(env_params)
     discrete = isinstance(space, Discrete)
-    action_dim = space.n if isinstance(space, Discrete) else space.shape[0]
-    net = ActorCritic(action_dim, discrete, config.hidden, config.activation)
+    net = network(config, env, env_params)
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
     reset_envs = jax.vmap(env.reset, (0, None))
+    env_masks = jax.vmap(env.action_mask, (0, None))
+
+    def policy_mask(env_state: Any) -> tuple[jax.Array | None, jax.Array | None]:
+        """(mask the policy obeys, the env's own mask): ``[N, A]`` each, or None."""
+        mask = env_masks(env_state, env_params)
+        return (mask if config.use_action_mask else None), mask
 
     def env_action(action: jax.Array) -> jax.Array:
         if isinstance(space, Box):
@@ -171,28 +208,31 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
                         EpisodeTracker.zeros(config.num_envs), k_run, jnp.int32(0),
                         jnp.bool_(False))
 
-    def rollout(state: PPOState) -> tuple[PPOState, _Traj, Finished]:
+    def rollout(state: PPOState) -> tuple[PPOState, _Traj, Finished, jax.Array]:
         def one_step(carry: PPOState, key: jax.Array) -> tuple[PPOState, tuple]:
             k_act, k_env = jax.random.split(key)
             pi_out, log_std, value = net.apply(carry.params, carry.obs)
-            dist = ppo_distribution(pi_out, log_std)
+            mask, env_mask = policy_mask(carry.env_state)
+            dist = ppo_distribution(pi_out, log_std, mask)
             action = dist.sample(seed=k_act)
+            illegal = (jnp.float32(0.0) if env_mask is None
+                       else 1.0 - jnp.take_along_axis(env_mask, action[:, None], -1).mean())
             s = step_envs(jax.random.split(k_env, config.num_envs), carry.env_state,
                           env_action(action), env_params)
             tracker, fin = track_episodes(carry.tracker, s.reward, s.done)
-            tr = _Traj(carry.obs, action, dist.log_prob(action), value, s.reward,
+            tr = _Traj(carry.obs, action, dist.log_prob(action), mask, value, s.reward,
                        s.terminated, s.done, s.final_obs)
-            return carry.replace(env_state=s.state, obs=s.obs, tracker=tracker), (tr, fin)
+            return carry.replace(env_state=s.state, obs=s.obs, tracker=tracker), (tr, fin, illegal)
 
         key, k_roll = jax.random.split(state.key)
-        state, (traj, fin) = jax.lax.scan(
+        state, (traj, fin, illegal) = jax.lax.scan(
             one_step, state.replace(key=key), jax.random.split(k_roll, config.num_steps))
-        return state, traj, Finished(*(jnp.sum(x) for x in fin))
+        return state, traj, Finished(*(jnp.sum(x) for x in fin)), jnp.mean(illegal)
 
     def loss_fn(params: Any, hp: PPOHParams, batch: tuple) -> tuple[jax.Array, tuple]:
         traj, adv, targets = batch
         pi_out, log_std, value = net.apply(params, traj.obs)
-        dist = ppo_distribution(pi_out, log_std)
+        dist = ppo_distribution(pi_out, log_std, traj.mask)  # the rollout's mask: same support
         log_ratio = dist.log_prob(traj.action) - traj.log_prob
         ratio = jnp.exp(log_ratio)
         if config.normalize_advantages:
@@ -222,7 +262,7 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         return jax.lax.scan(minibatch, (params, opt_state), shuffled)
 
     def update(state: PPOState, hp: PPOHParams) -> tuple[PPOState, PPOMetrics]:
-        state, traj, fin = rollout(state)
+        state, traj, fin, illegal = rollout(state)
         _, _, next_values = net.apply(state.params, traj.final_obs)
         adv, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
                            hp.gamma, hp.gae_lambda)
@@ -238,19 +278,23 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         state = state.replace(params=params, opt_state=opt_state, key=key, update=update_idx,
                               diverged=diverged)
         metrics = PPOMetrics(update_idx * config.batch_size, ep_return, ep_length, fin.count,
-                             *losses, diverged)
+                             *losses, diverged, illegal)
         return state, metrics
 
     def chunk(state: PPOState, hp: PPOHParams) -> tuple[PPOState, PPOMetrics]:
         return jax.lax.scan(lambda s, _: update(s, hp), state, None,
                             length=config.updates_per_chunk)
 
-    def act(params: Any, obs: jax.Array) -> jax.Array:
+    def act(params: Any, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         pi_out, log_std, _ = net.apply(params, obs)
-        return env_action(jnp.argmax(pi_out, -1) if discrete else pi_out)
+        if not discrete:
+            return env_action(pi_out)
+        if mask is not None and config.use_action_mask:
+            pi_out = jnp.where(mask, pi_out, -jnp.inf)
+        return jnp.argmax(pi_out, -1)
 
     def evaluate(state: PPOState, key: jax.Array) -> EvalMetrics:
-        return evaluate_policy(env, env_params, lambda o: act(state.params, o), key,
+        return evaluate_policy(env, env_params, lambda o, m: act(state.params, o, m), key,
                                config.eval_episodes)
 
     return Algo(init, chunk, evaluate, act, lambda state: state.params)

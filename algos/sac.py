@@ -229,10 +229,10 @@ def make(config: SACConfig, env: Environment, env_params: Any) -> Algo:
         return jax.lax.scan(lambda s, _: iteration(s, hp), state, None,
                             length=config.steps_per_chunk)
 
-    def act(actor_params: Any, obs: jax.Array) -> jax.Array:
+    def act(actor_params: Any, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         return scale(jnp.tanh(actor.apply(actor_params, obs)[0]))
 
     def evaluate(state: SACState, key: jax.Array) -> EvalMetrics:
-        return evaluate_policy(env, env_params, lambda o: act(state.actor, o), key, config.eval_episodes)
+        return evaluate_policy(env, env_params, lambda o, m: act(state.actor, o), key, config.eval_episodes)
 
     return Algo(init, chunk, evaluate, act, lambda state: state.actor)

@@ -7,12 +7,17 @@ from typing import Any
 
 from envs.cartpole import CartPole, ContinuousCartPole
 from envs.core import Box, Discrete, Environment, Step, Transition
+from envs.dungeon import DungeonCrawl
 from envs.pendulum import Pendulum
+from envs.snake import Snake
+from envs.wrappers import FlattenObservation
 
 _REGISTRY: dict[str, Callable[[], Environment]] = {
     "CartPole-v1": CartPole,
     "ContinuousCartPole-v1": ContinuousCartPole,
+    "DungeonCrawl-v1": lambda: FlattenObservation(env=DungeonCrawl()),
     "Pendulum-v1": Pendulum,
+    "Snake-v1": Snake,
 }
 
 
@@ -44,6 +49,7 @@ __all__ = [
     "Box",
     "Discrete",
     "Environment",
+    "FlattenObservation",
     "Step",
     "Transition",
     "UnknownEnvError",

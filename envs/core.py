@@ -10,6 +10,7 @@ time limit and the automatic reset in exactly one place.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
@@ -75,7 +76,7 @@ class Step:
     terminal state at once is terminated.
     """
 
-    obs: jax.Array  # [*obs_shape]
+    obs: Any  # [*obs_shape], or a pytree of arrays for structured observations
     state: Any
     reward: jax.Array  # [] float32
     terminated: jax.Array  # [] bool
@@ -89,13 +90,18 @@ class Step:
 
 
 class Transition(NamedTuple):
-    """What an environment's own dynamics return (no time limit, no reset)."""
+    """What an environment's own dynamics return (no time limit, no reset).
 
-    obs: jax.Array
+    ``truncated`` is for the env's own limits other than ``max_steps`` (e.g. Snake's steps
+    without eating); the time limit itself is applied by :meth:`Environment.step`.
+    """
+
+    obs: Any  # an array, or a pytree of arrays for structured observations
     state: Any
     reward: jax.Array
     terminated: jax.Array
     info: dict[str, jax.Array]
+    truncated: jax.Array | bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,13 +139,14 @@ class Environment(Generic[TState, TParams]):
         key_step, key_reset = jax.random.split(key)
         tr = self.transition(key_step, state, action, params)
         terminated = jnp.asarray(tr.terminated, jnp.bool_)
-        truncated = jnp.logical_and(tr.state.time >= params.max_steps, ~terminated)  # type: ignore[attr-defined]
+        out_of_time = tr.state.time >= params.max_steps  # type: ignore[attr-defined]
+        truncated = jnp.logical_and(jnp.logical_or(out_of_time, tr.truncated), ~terminated)
         done = jnp.logical_or(terminated, truncated)
         reset_obs, reset_state = self.reset(key_reset, params)
-        next_state = jax.tree.map(lambda r, s: jnp.where(done, r, s), reset_state, tr.state)
+        where_done = partial(jax.tree.map, lambda r, s: jnp.where(done, r, s))
         return Step(
-            obs=jnp.where(done, reset_obs, tr.obs),
-            state=next_state,
+            obs=where_done(reset_obs, tr.obs),
+            state=where_done(reset_state, tr.state),
             reward=jnp.asarray(tr.reward, jnp.float32),
             terminated=terminated,
             truncated=truncated,
