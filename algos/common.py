@@ -96,7 +96,8 @@ class Algo(NamedTuple):
 
     ``init(key, hparams) -> state``; ``chunk(state, hparams) -> (state, metrics [K])``;
     ``evaluate(state, key) -> EvalMetrics``; ``act(policy_params, obs, mask=None) -> env action``
-    (the deterministic policy; ``mask`` is the env's action mask where it has one); ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps).
+    (the deterministic policy; ``mask`` is the env's action mask where it has one);
+    ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps).
     """
 
     init: Callable[..., Any]

@@ -33,9 +33,20 @@ def registered() -> list[str]:
 def make(name: str, **param_overrides: Any) -> tuple[Environment, Any]:
     """Builds a registered environment and its default params (optionally overridden).
 
+    ``"gymnax:NAME"`` and ``"jumanji:NAME"`` build another library's env through
+    :mod:`envs.adapters` (gymnax params overrides; Jumanji constructor arguments).
+
     Raises:
         UnknownEnvError: ``name`` is not registered; the message lists the known names.
     """
+    if ":" in name:  # another library's env through an adapter (optional extras)
+        from envs.adapters import make as make_adapter
+
+        library, inner = name.split(":", 1)
+        try:
+            return make_adapter(library, inner, **param_overrides)
+        except ValueError as err:
+            raise UnknownEnvError(str(err)) from err
     if name not in _REGISTRY:
         raise UnknownEnvError(f"unknown env {name!r}; known envs: {', '.join(registered())}")
     env = _REGISTRY[name]()

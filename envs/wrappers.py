@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -38,7 +39,7 @@ class FlattenObservation(Environment):
     def observation_space(self, params: Any) -> Box:
         parts = jax.tree.leaves(self.env.observation_space(params),
                                 is_leaf=lambda x: isinstance(x, Box))
-        size = sum(int(jnp.prod(jnp.array(b.shape))) for b in parts)
+        size = sum(math.prod(b.shape) for b in parts)
         return Box(min(b.low for b in parts), max(b.high for b in parts), (size,))
 
     def action_space(self, params: Any) -> Space:

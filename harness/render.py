@@ -46,7 +46,68 @@ def _pendulum(obs: np.ndarray, params: Any) -> Any:
     return img
 
 
+def _grid_image(cells: int, cell_px: int, top: int = 24) -> tuple[Any, Any]:
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (cells * cell_px, top + cells * cell_px), "white")
+    d = ImageDraw.Draw(img)
+    for i in range(cells + 1):  # grid lines
+        d.line([(i * cell_px, top), (i * cell_px, top + cells * cell_px)], fill=(225, 225, 225))
+        d.line([(0, top + i * cell_px), (cells * cell_px, top + i * cell_px)], fill=(225, 225, 225))
+    return img, d
+
+
+def _snake(obs: np.ndarray, params: Any) -> Any:
+    from envs.snake import FEATURES
+
+    f = {name: np.asarray(obs)[..., i] for i, name in enumerate(FEATURES)}
+    n, px, top = params.size, max(16, 240 // params.size), 24
+    img, d = _grid_image(n, px, top)
+    for r, c in zip(*np.nonzero(f["body"]), strict=True):
+        shade = int(200 - 150 * f["order"][r, c])  # the head darkest, fading to the tail
+        color = (20, 20, 160) if f["head"][r, c] else (shade // 3, shade, shade // 3)
+        d.rectangle([c * px + 1, top + r * px + 1, (c + 1) * px - 1, top + (r + 1) * px - 1], fill=color)
+    for r, c in zip(*np.nonzero(f["apple"]), strict=True):
+        d.ellipse([c * px + 3, top + r * px + 3, (c + 1) * px - 3, top + (r + 1) * px - 3], fill=(210, 30, 30))
+    return img
+
+
+def _dungeon(obs: np.ndarray, params: Any) -> Any:
+    from envs.dungeon import ABILITIES
+
+    n = params.size
+    flat = np.asarray(obs)
+    channels = 4 + len(ABILITIES)
+    grid = flat[: n * n * channels].reshape(n, n, channels)  # FlattenObservation: grid, inventory, player
+    inventory = flat[n * n * channels: n * n * channels + len(ABILITIES)]
+    health, energy, shield, level = flat[-4:]
+    px, top = 48, 40
+    img, d = _grid_image(n, px, top)
+    colors = {0: (90, 90, 90), 3: (240, 200, 40), 2: (200, 40, 40), 1: (40, 90, 220)}  # wall exit enemy player
+    pickup_colors = [(255, 140, 0), (160, 60, 200), (0, 170, 170), (120, 200, 80)]
+    for r in range(n):
+        for c in range(n):
+            box = [c * px + 2, top + r * px + 2, (c + 1) * px - 2, top + (r + 1) * px - 2]
+            for k in (0, 3):
+                if grid[r, c, k]:
+                    d.rectangle(box, fill=colors[k])
+            for k, name in enumerate(ABILITIES):
+                if grid[r, c, 4 + k]:
+                    d.ellipse([box[0] + 10, box[1] + 10, box[2] - 10, box[3] - 10], fill=pickup_colors[k])
+                    d.text((box[0] + 3, box[1] + 1), name[0].upper(), fill="black")
+            for k in (2, 1):
+                if grid[r, c, k]:
+                    d.ellipse([box[0] + 4, box[1] + 4, box[2] - 4, box[3] - 4], fill=colors[k])
+    owned = "".join(name[0].upper() for name, have in zip(ABILITIES, inventory, strict=True) if have) or "-"
+    d.text((4, 22), f"hp {round(health * params.max_health)}  energy {round(energy * params.max_energy)}  "
+                    f"shield {round(shield * params.shield_turns)}  level {round(level * params.max_levels)}  "
+                    f"abilities {owned}", fill="black")
+    return img
+
+
 RENDERERS: dict[str, Callable[[np.ndarray, Any], Any]] = {
+    "Snake-v1": _snake,
+    "DungeonCrawl-v1": _dungeon,
     "CartPole-v1": _cartpole,
     "ContinuousCartPole-v1": _cartpole,
     "Pendulum-v1": _pendulum,

@@ -16,7 +16,8 @@ import envs
 from algos import ppo, sac
 from algos.common import batched
 from algos.gae import gae
-from algos.networks import ActorCritic, SACActor, TwinQ
+from algos.networks import ActorCritic, SACActor, TransformerActorCritic, TwinQ
+from envs import dungeon
 from tests.probe_envs import Probe
 
 
@@ -253,3 +254,57 @@ def test_kernel__diverging_config_is_flagged_and_siblings_are_untouched(algo_nam
     for _ in range(3):
         s1, m1 = jax.jit(algo.chunk)(s1, good)
     _close(jax.tree.map(lambda x: x[0, 0], m_mixed), m1, rtol=1e-4, atol=1e-4)
+
+
+# ---- masked PPO and the transformer policy -------------------------------------------------
+
+def _dungeon_ppo(use_action_mask, lr, updates=13):
+    env, p = envs.make("DungeonCrawl-v1")
+    config = ppo.PPOConfig(num_envs=64, num_steps=128, num_minibatches=4, update_epochs=1,
+                           total_timesteps=64 * 128 * updates, updates_per_chunk=updates,
+                           use_action_mask=use_action_mask)
+    algo = ppo.make(config, env, p)
+    hp = ppo.PPOHParams.default(lr=lr)
+    _, metrics = jax.jit(algo.chunk)(algo.init(jax.random.key(0), hp), hp)
+    return metrics
+
+
+def test_masked_ppo__no_illegal_action_in_100k_samples_and_loss_uses_the_stored_mask():
+    m = _dungeon_ppo(use_action_mask=True, lr=0.0)
+    assert 64 * 128 * 13 >= 100_000
+    assert float(m.illegal_actions.max()) == 0.0
+    # with lr 0 the policy never changes: the loss's log-probabilities, under the mask stored
+    # with each transition, equal the rollout's exactly (an unmasked loss would not)
+    np.testing.assert_allclose(m.approx_kl, 0.0, atol=1e-6)
+    # entropy over the legal actions only (about 4 of 15), not log(15)
+    assert float(m.entropy.mean()) < np.log(dungeon.NUM_ACTIONS) - 1.0
+
+
+def test_masked_ppo__unmasked_run_takes_illegal_actions():
+    m = _dungeon_ppo(use_action_mask=False, lr=0.0, updates=2)
+    assert float(m.illegal_actions.mean()) > 0.5
+    np.testing.assert_allclose(m.entropy, np.log(dungeon.NUM_ACTIONS), atol=0.01)
+
+
+def test_transformer__selected_by_static_config_and_trains_on_snake():
+    env, p = envs.make("Snake-v1", size=5)
+    config = ppo.PPOConfig(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=1,
+                           total_timesteps=8 * 16 * 2, updates_per_chunk=2, network="transformer",
+                           embed_dim=16, num_heads=2, num_layers=1)
+    net = ppo.network(config, env, p)
+    assert isinstance(net, TransformerActorCritic)
+    algo = ppo.make(config, env, p)
+    hp = ppo.PPOHParams.default()
+    state, m = jax.jit(algo.chunk)(algo.init(jax.random.key(0), hp), hp)
+    assert np.isfinite(np.asarray(m.total_loss)).all() and not bool(m.diverged.any())
+    assert "CellTransformer_0" in state.params["params"]
+    logits, _, value = net.apply(state.params, jnp.zeros((3, 5, 5, 5)))
+    assert logits.shape == (3, 4) and value.shape == (3,)
+
+
+def test_transformer__needs_a_grid_observation():
+    env, p = envs.make("CartPole-v1")
+    with pytest.raises(ValueError, match="grid observation"):
+        ppo.make(ppo.PPOConfig(network="transformer"), env, p)
+    with pytest.raises(ValueError, match="network="):
+        ppo.PPOConfig(network="cnn")

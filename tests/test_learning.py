@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -14,16 +15,23 @@ pytestmark = pytest.mark.slow
 SEEDS = 4
 
 
-def _train_and_evaluate(algo, hparams, num_chunks, seed=0):
-    """1 config x SEEDS seeds in one kernel; returns the evaluation return per seed and metrics."""
+def _train_and_evaluate(algo, hparams, num_chunks, seed=0, seeds=SEEDS, evaluator=None):
+    """1 config x ``seeds`` seeds in one kernel; returns the evaluation return per seed and metrics.
+
+    ``evaluator``: another Algo (same network) whose ``evaluate`` scores the trained state.
+    """
     hp = jax.tree.map(lambda x: x[None], hparams)
-    keys = jax.random.split(jax.random.key(seed), SEEDS)[None]
+    keys = jax.random.split(jax.random.key(seed), seeds)[None]
     state = jax.jit(batched(algo.init))(keys, hp)
     run = jax.jit(batched(algo.chunk))
+    chunks = []
     for _ in range(num_chunks):
         state, metrics = run(state, hp)
-    eval_keys = jax.random.split(jax.random.key(10_000 + seed), SEEDS)[None]
-    evals = jax.jit(batched(algo.evaluate, hparams_argnum=None))(state, eval_keys)
+        chunks.append(metrics)
+    metrics = jax.tree.map(lambda *x: np.concatenate(x, axis=-1), *chunks)  # [1, seeds, updates]
+    eval_keys = jax.random.split(jax.random.key(10_000 + seed), seeds)[None]
+    evaluate = (evaluator or algo).evaluate
+    evals = jax.jit(batched(evaluate, hparams_argnum=None))(state, eval_keys)
     return np.asarray(evals.return_mean[0]), metrics
 
 
@@ -53,3 +61,77 @@ def test_sac__balances_continuous_cartpole_on_every_seed():
     returns, _ = _train_and_evaluate(sac.make(config, env, params), sac.SACHParams.default(),
                                      config.num_chunks)
     assert (returns >= 450).all(), returns
+
+
+# ---- grid games ---------------------------------------------------------------------------
+
+def _snake_config(**overrides):
+    """PPO for Snake 6x6: 32 envs x 64 steps per update, 2 epochs of 4 minibatches."""
+    base = dict(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=2, hidden=(64, 64),
+                activation="relu")
+    return ppo.PPOConfig(**{**base, **overrides})
+
+
+def _apples_evaluator(config, env, params):
+    """PPO's evaluate on the same board with only apples rewarded: its return counts apples."""
+    return ppo.make(config, env, params.replace(death_reward=0.0, step_reward=0.0, eat_reward=1.0))
+
+
+def _random_policy_apples(env, params, episodes=1024):
+    """Mean apples per episode of the uniform policy over legal moves (one episode per env)."""
+    def body(carry, k):
+        state, apples, active = carry
+        k_a, k_s = jax.random.split(k)
+        mask = jax.vmap(env.action_mask, (0, None))(state, params)
+        action = jax.random.categorical(k_a, jnp.where(mask, 0.0, -jnp.inf))
+        s = jax.vmap(env.step, (0, 0, 0, None))(jax.random.split(k_s, episodes), state, action, params)
+        return (s.state, apples + jnp.where(active, s.info["apples"], 0.0), active & ~s.done), None
+
+    _, state = jax.vmap(env.reset, (0, None))(jax.random.split(jax.random.key(1), episodes), params)
+    init = (state, jnp.zeros(episodes), jnp.ones(episodes, bool))
+    (_, apples, active), _ = jax.jit(lambda c: jax.lax.scan(
+        body, c, jax.random.split(jax.random.key(2), params.max_steps)))(init)
+    assert not bool(active.any())
+    return float(apples.mean())
+
+
+def test_ppo__mlp_eats_five_apples_on_snake_6x6_on_every_seed_within_2m_steps():
+    env, params = envs.make("Snake-v1", size=6)
+    config = _snake_config(total_timesteps=600_000, updates_per_chunk=73, eval_episodes=32)
+    apples, metrics = _train_and_evaluate(ppo.make(config, env, params), ppo.PPOHParams.default(lr=1e-3),
+                                          config.num_chunks, evaluator=_apples_evaluator(config, env, params))
+    random_apples = _random_policy_apples(env, params)
+    print(f"Snake 6x6 MLP: apples per episode {apples} (random policy {random_apples:.3f})")
+    assert int(metrics.env_steps[0, 0, -1]) <= 2_000_000
+    assert (apples >= 5).all(), apples
+
+
+def test_ppo__transformer_learns_snake_6x6_ten_times_above_random():
+    env, params = envs.make("Snake-v1", size=6)
+    config = _snake_config(total_timesteps=400_000, updates_per_chunk=65, eval_episodes=32,
+                           network="transformer", embed_dim=16, num_heads=2, num_layers=1)
+    apples, _ = _train_and_evaluate(ppo.make(config, env, params), ppo.PPOHParams.default(lr=1e-3),
+                                    config.num_chunks, seeds=2,
+                                    evaluator=_apples_evaluator(config, env, params))
+    random_apples = _random_policy_apples(env, params)
+    print(f"Snake 6x6 transformer: apples per episode {apples} (random policy {random_apples:.3f})")
+    assert (apples >= 10 * random_apples).all(), (apples, random_apples)
+
+
+def test_ppo__masked_beats_unmasked_on_dungeon_crawl_and_never_acts_illegally():
+    env, params = envs.make("DungeonCrawl-v1")
+    curves = {}
+    for masked in (True, False):
+        config = ppo.PPOConfig(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=2,
+                               hidden=(64, 64), activation="relu", total_timesteps=300_000,
+                               updates_per_chunk=73, use_action_mask=masked)
+        _, m = _train_and_evaluate(ppo.make(config, env, params), ppo.PPOHParams.default(lr=1e-3),
+                                   config.num_chunks)
+        curves[masked] = np.nanmean(m.episode_return[0], axis=0)  # [updates], mean over seeds
+        if masked:
+            assert float(np.max(m.illegal_actions)) == 0.0
+        final = np.nanmean(m.episode_return[0, :, -15:])  # the last ~30k steps of every seed
+        curves[masked, "final"] = final
+    print("DungeonCrawl mean training return by update (masked):", np.round(curves[True][::15], 2))
+    print("DungeonCrawl mean training return by update (unmasked):", np.round(curves[False][::15], 2))
+    assert curves[True, "final"] > curves[False, "final"] + 0.3, (curves[True, "final"], curves[False, "final"])

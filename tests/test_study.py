@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "20480", "--no-asha"]
 
 
+STUDY_NAMES = ["cartpole_ppo", "cartpole_sac", "dungeon_ppo", "pendulum_sac", "snake_ppo"]
+
+
 @pytest.fixture(scope="session")
 def cache_home(tmp_path_factory):
     return str(tmp_path_factory.mktemp("xdg-cache"))  # JAX compile cache shared by these tests
@@ -85,7 +88,8 @@ def _write_study(path: Path, body: str) -> Path:
 
 def test_study_cli__unknown_study_lists_known_ones(tmp_path):
     _one_error_line(_study("nope", "--out", str(tmp_path)),
-                    "unknown study 'nope'; known studies: cartpole_ppo, cartpole_sac, pendulum_sac")
+                    "unknown study 'nope'; known studies: cartpole_ppo, cartpole_sac, dungeon_ppo, "
+                    "pendulum_sac, snake_ppo")
 
 
 def test_study_cli__search_space_that_cannot_work(tmp_path):
@@ -133,7 +137,7 @@ def test_report_cli__missing_results_folder(tmp_path):
 def test_study_cli__list_names_every_study():
     r = _study("--list")
     assert r.returncode == 0
-    assert [ln.split()[0] for ln in r.stdout.splitlines()] == ["cartpole_ppo", "cartpole_sac", "pendulum_sac"]
+    assert [ln.split()[0] for ln in r.stdout.splitlines()] == STUDY_NAMES
 
 
 # -- the searcher tells Optuna each configuration's own result ------------------------------------
@@ -304,7 +308,7 @@ def test_study__runs_on_an_existing_ray_cluster(tmp_path, ray_env):
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
 
 
-@pytest.mark.parametrize("name", ["cartpole_ppo", "cartpole_sac", "pendulum_sac"])
+@pytest.mark.parametrize("name", STUDY_NAMES)
 def test_registered_studies__every_static_choice_builds_at_every_budget(name):
     import algos
     import studies

@@ -1,0 +1,32 @@
+"""Adapters to other JAX environment libraries (optional extras: ``pip install -e .[adapters]``).
+
+``envs.make("gymnax:Acrobot-v1")`` or ``envs.make("jumanji:Snake-v1")`` come here; nothing in
+``envs`` or ``algos`` imports this package otherwise, so gymnax and Jumanji stay optional.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envs.core import Environment
+
+LIBRARIES = ("gymnax", "jumanji")
+
+
+def make(library: str, name: str, **param_overrides: Any) -> tuple[Environment, Any]:
+    """``library``'s env ``name`` behind our interface, with its default params.
+
+    Raises:
+        ValueError: unknown library, library not installed, or unknown name in it.
+    """
+    if library not in LIBRARIES:
+        raise ValueError(f"unknown env library {library!r}; adapters: {', '.join(LIBRARIES)}")
+    try:
+        if library == "gymnax":
+            from envs.adapters.gymnax import make_gymnax as build
+        else:
+            from envs.adapters.jumanji import make_jumanji as build
+    except ImportError as err:
+        raise ValueError(f"{library} is not installed ({err.name} missing); "
+                         f"pip install -e '.[adapters]'") from err
+    return build(name, **param_overrides)
