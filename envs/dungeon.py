@@ -16,8 +16,9 @@ Rules (one turn = the player's action, then the enemies'):
 - Legal: a move onto a free cell, pickup or the exit (not a wall, an enemy or off the board);
   waiting, always (so some action is always legal); an ability that is owned, affordable
   (energy >= its cost, ``ABILITY_COST``) and has a target (an enemy in that direction for
-  strike and push; a free cell for teleport; no shield already up for shield). :meth:`DungeonCrawl.action_mask` gives these; an illegal action sent anyway
-  is a no-op costing ``illegal_reward``, and the enemies still move.
+  strike and push; a free cell for teleport; no shield already up for shield).
+  :meth:`DungeonCrawl.action_mask` gives these; an illegal action sent anyway is a no-op
+  costing ``illegal_reward``, and the enemies still move.
 - Enemies then act in order: one next to the player hits it (1 damage unless shielded), any
   other steps one cell towards the player (along the longer axis first, then the other) when
   that cell is free.
