@@ -48,7 +48,8 @@ def make(name: str, **param_overrides: Any) -> tuple[Environment, Any]:
         except ValueError as err:
             raise UnknownEnvError(str(err)) from err
     if name not in _REGISTRY:
-        raise UnknownEnvError(f"unknown env {name!r}; known envs: {', '.join(registered())}")
+        raise UnknownEnvError(f"unknown env {name!r}; known envs: {', '.join(registered())} "
+                              "(or gymnax:NAME, jumanji:NAME with the adapters extra)")
     env = _REGISTRY[name]()
     params = env.default_params
     if param_overrides:

@@ -318,8 +318,8 @@ def test_registered_studies__every_static_choice_builds_at_every_budget(name):
     spec = algos.get(study.algo)
     for budget in (study.cpu, study.gpu, study.smoke):
         validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)
-    assert study.static_names({f for f in spec.config_cls.__dataclass_fields__}) in ([], ["num_minibatches"],
-                                                                                     ["batch_size"])
+    assert study.static_names({f for f in spec.config_cls.__dataclass_fields__}) in (
+        [], ["num_minibatches"], ["batch_size"], ["network"])
 
 
 @pytest.mark.slow
