@@ -10,3 +10,11 @@ SAC = dict(
     tau=LogUniform(1e-3, 5e-2),
     target_entropy_scale=Uniform(0.25, 1.5),
 )
+
+PPO = dict(
+    lr=LogUniform(1e-4, 3e-3),
+    gamma=Uniform(0.95, 0.999),
+    gae_lambda=Uniform(0.8, 0.99),
+    clip_eps=Uniform(0.1, 0.3),
+    ent_coef=LogUniform(1e-4, 3e-2),
+)

@@ -1,6 +1,7 @@
 """PPO on CartPole-v1: learning rate, discounting, clipping, entropy; minibatch count is static."""
 
-from harness.space import Budget, Categorical, LogUniform, Study, Uniform
+from harness.space import Budget, Categorical, Study, Uniform
+from studies._spaces import PPO
 
 STUDY = Study(
     name="cartpole_ppo",
@@ -9,11 +10,7 @@ STUDY = Study(
     algo="ppo",
     config=dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10),
     space=dict(
-        lr=LogUniform(1e-4, 3e-3),
-        gamma=Uniform(0.95, 0.999),
-        gae_lambda=Uniform(0.8, 0.99),
-        clip_eps=Uniform(0.1, 0.3),
-        ent_coef=LogUniform(1e-4, 3e-2),
+        **PPO,
         vf_coef=Uniform(0.25, 1.0),
         num_minibatches=Categorical((4, 8)),  # static: splits trials
     ),

@@ -1,6 +1,7 @@
 """Masked PPO on DungeonCrawl-v1, the grid game where most of the 15 actions are illegal."""
 
-from harness.space import Budget, LogUniform, Study, Uniform
+from harness.space import Budget, Study, Uniform
+from studies._spaces import PPO
 
 STUDY = Study(
     name="dungeon_ppo",
@@ -10,11 +11,7 @@ STUDY = Study(
     config=dict(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=2, hidden=(64, 64),
                 activation="relu", updates_per_chunk=10, use_action_mask=True),
     space=dict(
-        lr=LogUniform(1e-4, 3e-3),
-        gamma=Uniform(0.95, 0.999),
-        gae_lambda=Uniform(0.8, 0.99),
-        clip_eps=Uniform(0.1, 0.3),
-        ent_coef=LogUniform(1e-4, 3e-2),
+        **PPO,
         vf_coef=Uniform(0.25, 1.0),
     ),
     cpu=Budget(trials=12, configs_per_trial=4, seeds=2, timesteps=500_000),

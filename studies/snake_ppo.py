@@ -5,7 +5,8 @@ On a CPU a transformer trial is ~15x slower than an MLP one (attention over 100 
 budget is where the comparison is meant to be made.
 """
 
-from harness.space import Budget, Categorical, LogUniform, Study, Uniform
+from harness.space import Budget, Categorical, Study
+from studies._spaces import PPO
 
 STUDY = Study(
     name="snake_ppo",
@@ -16,11 +17,7 @@ STUDY = Study(
                 activation="relu", embed_dim=16, num_heads=2, num_layers=1, updates_per_chunk=10,
                 eval_episodes=16),
     space=dict(
-        lr=LogUniform(1e-4, 3e-3),
-        gamma=Uniform(0.95, 0.999),
-        gae_lambda=Uniform(0.8, 0.99),
-        clip_eps=Uniform(0.1, 0.3),
-        ent_coef=LogUniform(1e-4, 3e-2),
+        **PPO,
         network=Categorical(("mlp", "transformer")),  # static: splits trials
     ),
     cpu=Budget(trials=8, configs_per_trial=2, seeds=2, timesteps=500_000),
