@@ -57,6 +57,7 @@ def test_gymnax__cartpole_matches_ours_step_for_step():
 
 def test_jumanji__snake_mask_passes_through_and_masked_ppo_obeys_it():
     env, params = envs.make("jumanji:Snake-v1", num_rows=6, num_cols=6)
+    assert params.max_steps == env.env.inner.time_limit, "Jumanji's own limit bounds episodes"
     steps = _rollout(env, params, 2000)
     assert int(steps.terminated.sum()) > 5
     assert not bool((steps.terminated & steps.truncated).any())

@@ -29,7 +29,8 @@ class JumanjiState:
 
 @struct.dataclass
 class JumanjiParams:
-    max_steps: int = struct.field(pytree_node=False, default=10**9)  # Jumanji's limit applies
+    # Jumanji's own time limit where it has one; episodes also bound evaluation's scan length
+    max_steps: int = struct.field(pytree_node=False, default=10_000)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ class JumanjiEnv(Environment):
 
     @property
     def default_params(self) -> JumanjiParams:
-        return JumanjiParams()
+        return JumanjiParams(int(getattr(self.inner, "time_limit", 10_000)))
 
     def _split(self, observation: Any, num_actions: int) -> tuple[dict, jax.Array]:
         fields = observation._asdict() if hasattr(observation, "_asdict") else dict(vars(observation))
