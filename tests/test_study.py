@@ -42,14 +42,25 @@ def ray_env(cache_home):
     tmp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     env = {**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": str(ROOT)}
     yield env
-    leftover = _ray_processes(tmp)
-    for pid in leftover:
+    deadline = time.monotonic() + 20  # Ray's processes may take a moment to exit on a loaded machine
+    while (leftover := _ray_processes(tmp)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if leftover:
+        leftover = [f"{pid}: {_cmdline(pid)}" for pid in leftover]
+    for pid in _ray_processes(tmp):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     shutil.rmtree(tmp, ignore_errors=True)
     assert not leftover, f"Ray processes left running: {leftover}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
 
 
 def _ray_processes(tmp: str) -> list[int]:
