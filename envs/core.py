@@ -134,6 +134,15 @@ class Environment(Generic[TState, TParams]):
         """Legal actions as a bool vector, or ``None`` when every action is always legal."""
         return None
 
+    def observe(self, state: TState, params: TParams) -> Any:
+        """The observation of ``state``, for envs whose observation is a function of the state.
+
+        ``None`` (the default): :meth:`step` takes the observation from ``reset``/``transition``
+        and selects between them. An env that implements this lets :meth:`step` observe the
+        already-selected next state instead, so the reset observation is never built.
+        """
+        return None
+
     def step(self, key: jax.Array, state: TState, action: jax.Array, params: TParams) -> Step:
         """Steps the dynamics, applies the time limit and resets finished episodes."""
         key_step, key_reset = jax.random.split(key)
@@ -144,9 +153,11 @@ class Environment(Generic[TState, TParams]):
         done = jnp.logical_or(terminated, truncated)
         reset_obs, reset_state = self.reset(key_reset, params)
         where_done = partial(jax.tree.map, lambda r, s: jnp.where(done, r, s))
+        next_state = where_done(reset_state, tr.state)
+        obs = self.observe(next_state, params)
         return Step(
-            obs=where_done(reset_obs, tr.obs),
-            state=where_done(reset_state, tr.state),
+            obs=where_done(reset_obs, tr.obs) if obs is None else obs,
+            state=next_state,
             reward=jnp.asarray(tr.reward, jnp.float32),
             terminated=terminated,
             truncated=truncated,

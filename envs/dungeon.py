@@ -243,6 +243,9 @@ class DungeonCrawl(Environment[DungeonState, DungeonParams]):
     def action_space(self, params: DungeonParams) -> Discrete:
         return Discrete(NUM_ACTIONS)
 
+    def observe(self, state: DungeonState, params: DungeonParams) -> dict[str, jax.Array]:
+        return observe(state, params)
+
     def action_mask(self, state: DungeonState, params: DungeonParams) -> jax.Array:
         return legal_actions(state, params)
 

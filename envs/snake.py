@@ -74,10 +74,17 @@ def random_cell(u: jax.Array, allowed: jax.Array) -> jax.Array:
     ``u`` is one uniform draw in [0, 1): it picks the k-th allowed cell, so the cost of
     randomness does not grow with the board.
     """
-    flat = allowed.ravel()
-    k = jnp.floor(u * jnp.sum(flat)).astype(jnp.int32)
-    idx = jnp.argmax(jnp.cumsum(flat) > k)
-    return jnp.stack(jnp.divmod(idx, allowed.shape[1])).astype(jnp.int32)
+    # The k-th allowed cell, row first, then column within the row: two cumsums of length
+    # size rather than one of size^2, and masked sums rather than gathers (XLA's CPU cumsum
+    # costs the square of its length, and per-env gathers are slow under vmap).
+    rows = jnp.arange(allowed.shape[0])
+    per_row = jnp.sum(allowed, axis=1, dtype=jnp.int32)
+    k = jnp.floor(u * jnp.sum(per_row)).astype(jnp.int32)
+    row = jnp.argmax(jnp.cumsum(per_row) > k)
+    k_in_row = k - jnp.sum(jnp.where(rows < row, per_row, 0))
+    in_row = jnp.sum(jnp.where((rows == row)[:, None], allowed, False), axis=0, dtype=jnp.int32)
+    col = jnp.argmax(jnp.cumsum(in_row) > k_in_row)
+    return jnp.stack([row, col]).astype(jnp.int32)
 
 
 def _move(action: jax.Array) -> jax.Array:
@@ -90,8 +97,7 @@ def observe(state: SnakeState) -> jax.Array:
     """The ``[size, size, 5]`` float32 feature grid (see :data:`FEATURES`)."""
     body = state.body
     size = body.shape[0]
-    head = jnp.zeros((size, size), jnp.bool_).at[state.head[0], state.head[1]].set(True)
-    apple = jnp.zeros((size, size), jnp.bool_).at[state.apple[0], state.apple[1]].set(state.apple[0] >= 0)
+    head, apple = _at(size, state.head), _at(size, state.apple)
     on = body > 0
     feats = [~on & ~apple, on, head, apple,
              body.astype(jnp.float32) / state.length.astype(jnp.float32)]
@@ -113,6 +119,9 @@ class Snake(Environment[SnakeState, SnakeParams]):
 
     def action_space(self, params: SnakeParams) -> Discrete:
         return Discrete(4)
+
+    def observe(self, state: SnakeState, params: SnakeParams) -> jax.Array:
+        return observe(state)
 
     def action_mask(self, state: SnakeState, params: SnakeParams) -> jax.Array:
         return jnp.arange(4) != (state.heading + 2) % 4

@@ -45,6 +45,10 @@ class FlattenObservation(Environment):
     def action_space(self, params: Any) -> Space:
         return self.env.action_space(params)
 
+    def observe(self, state: Any, params: Any) -> jax.Array | None:
+        obs = self.env.observe(state, params)
+        return None if obs is None else flatten(obs)
+
     def action_mask(self, state: Any, params: Any) -> jax.Array | None:
         return self.env.action_mask(state, params)
 

@@ -245,3 +245,16 @@ def test_dungeon__most_actions_illegal_and_masked_play_never_illegal():
         lambda k: jax.lax.scan(body, state, jax.random.split(k, 5000))[1])(jax.random.key(2))
     assert float(n_legal.mean()) < dungeon.NUM_ACTIONS / 2
     assert float(illegal.sum()) == 0 and float(levels.sum()) > 10
+
+
+def test_snake__random_cell_is_uniform_over_allowed_cells():
+    from envs.snake import random_cell
+
+    rng = np.random.default_rng(0)
+    allowed = rng.random((7, 7)) < 0.4
+    n = int(allowed.sum())
+    us = (np.arange(n * 50) + 0.5) / (n * 50)  # an even grid of uniform draws
+    cells = np.asarray(jax.jit(jax.vmap(lambda u: random_cell(u, jnp.asarray(allowed))))(jnp.asarray(us)))
+    counts = np.zeros((7, 7), int)
+    np.add.at(counts, (cells[:, 0], cells[:, 1]), 1)
+    np.testing.assert_array_equal(counts, np.where(allowed, 50, 0))
