@@ -14,7 +14,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, expect", [
-    (["--env", "Foo-v0"], "known envs: CartPole-v1, ContinuousCartPole-v1, DungeonCrawl-v1, Pendulum-v1, Snake-v1"),
+    (["--env", "Foo-v0"], "known envs: CartPole-v1, ContinuousCartPole-v1, DungeonCrawl-v1, Pendulum-v1, "
+                          "Snake-v1"),
     (["--algo", "dqn"], "known algos: ppo, sac"),
     (["--set", "num_minibatches=3"], "num_minibatches=3 does not divide the batch"),
     (["--set", "lrr=1"], "unknown setting 'lrr' for ppo; known:"),
