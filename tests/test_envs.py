@@ -183,3 +183,16 @@ def test_continuous_cartpole__is_cartpole_with_scaled_force():
     half = cont.transition(jax.random.key(0), state, jnp.array([0.5]), params).obs
     ref = disc.transition(jax.random.key(0), state, jnp.int32(1), params.replace(force_mag=5.0))
     np.testing.assert_allclose(half, ref.obs, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["Snake-v1", "DungeonCrawl-v1"])
+def test_contract__observe_hook_agrees_with_reset_and_transition(name):
+    """Envs with ``observe`` let step observe the next state; it must match their own obs."""
+    env, params = envs.make(name)
+    obs, state = env.reset(jax.random.key(0), params)
+    np.testing.assert_array_equal(env.observe(state, params), obs)
+    for i in range(20):
+        mask = env.action_mask(state, params)
+        tr = env.transition(jax.random.key(i), state, jnp.argmax(mask), params)
+        np.testing.assert_array_equal(env.observe(tr.state, params), tr.obs)
+        state = env.step(jax.random.key(i), state, jnp.argmax(mask), params).state
