@@ -21,6 +21,10 @@ TState = TypeVar("TState")
 TParams = TypeVar("TParams")
 
 
+# (row, col) offsets of the grid actions up, right, down, left (Snake, DungeonCrawl)
+MOVES = jnp.array([[-1, 0], [0, 1], [1, 0], [0, -1]], jnp.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Discrete:
     """``n`` actions ``0 .. n-1``."""

@@ -40,9 +40,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from envs.core import Box, Discrete, Environment, Transition
+from envs.core import MOVES, Box, Discrete, Environment, Transition
 
-MOVES = jnp.array([[-1, 0], [0, 1], [1, 0], [0, -1]], jnp.int32)  # up, right, down, left
 ABILITIES = ("strike", "push", "teleport", "shield")
 STRIKE, PUSH, TELEPORT, SHIELD = range(4)
 ABILITY_COST = jnp.array([2, 1, 3, 2], jnp.int32)

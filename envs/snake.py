@@ -32,8 +32,6 @@ from flax import struct
 
 from envs.core import Box, Discrete, Environment, Transition
 
-# (row, col) offsets of actions up, right, down, left
-MOVES = jnp.array([[-1, 0], [0, 1], [1, 0], [0, -1]], jnp.int32)
 FEATURES = ("empty", "body", "head", "apple", "order")
 
 
@@ -88,7 +86,7 @@ def random_cell(u: jax.Array, allowed: jax.Array) -> jax.Array:
 
 
 def _move(action: jax.Array) -> jax.Array:
-    """``MOVES[action]`` as arithmetic (a gather per env is slow under vmap on CPU)."""
+    """``envs.core.MOVES[action]`` as arithmetic (a gather per env is slow under vmap on CPU)."""
     a = jnp.asarray(action, jnp.int32)
     return jnp.stack([(a == 2).astype(jnp.int32) - (a == 0), (a == 1).astype(jnp.int32) - (a == 3)])
 

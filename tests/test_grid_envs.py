@@ -258,3 +258,11 @@ def test_snake__random_cell_is_uniform_over_allowed_cells():
     counts = np.zeros((7, 7), int)
     np.add.at(counts, (cells[:, 0], cells[:, 1]), 1)
     np.testing.assert_array_equal(counts, np.where(allowed, 50, 0))
+
+
+def test_snake__moves_by_arithmetic_match_the_shared_move_table():
+    from envs.core import MOVES
+    from envs.snake import _move
+
+    for a in range(4):
+        np.testing.assert_array_equal(_move(jnp.int32(a)), MOVES[a])
