@@ -1,6 +1,6 @@
 """Where PPO-CartPole's time goes: each phase of one update timed alone, 1 seed, on this device.
 
-    python bench/profile_ppo.py
+    python bench/profile_ppo.py [--updates 976]
 
 Phases: env steps with random actions (incl. auto-reset and key splits), the policy forward
 pass of the rollout, V(final_obs) + GAE, the shuffle/gather of the batch, and the 16
@@ -9,6 +9,8 @@ minibatch gradient steps (forward + backward + Adam). Each is a jitted ``lax.sca
 """
 
 from __future__ import annotations
+
+import argparse
 
 import _common  # noqa: F401
 import jax
@@ -20,7 +22,8 @@ from algos.common import adam
 from algos.gae import gae
 from algos.networks import ActorCritic, ppo_distribution
 
-N, T, M, E, U = 4, 128, 4, 4, 976
+N, T, M, E = 4, 128, 4, 4
+U = 976  # updates; --updates sets it
 env, params = envs.make("CartPole-v1")
 net = ActorCritic(2, True, (64, 64), "tanh")
 p0 = net.init(jax.random.key(0), jnp.zeros(4))
@@ -87,6 +90,10 @@ def grads_only(key):
 
 
 def main() -> None:
+    global U
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--updates", type=int, default=U, help="updates' worth of work per phase")
+    U = ap.parse_args().updates
     key = jax.random.key(0)
     total = 0.0
     rows = []

@@ -1,6 +1,6 @@
 """Environment steps/s with random legal actions: our Snake vs Jumanji's, our CartPole vs gymnax's.
 
-    python bench/envs.py [--envs 1 256 4096] [--size 12] [--steps 400000]
+    python bench/env_steps.py [--envs 1 256 4096] [--size 12] [--steps 400000]
 
 Both sides run the same loop in one jitted ``lax.scan``: N parallel envs, automatic reset
 (ours: ``Environment.step``; Jumanji: its ``AutoResetWrapper`` keeping the final observation;
@@ -12,9 +12,7 @@ illegal in both). Compilation is excluded; each configuration runs ``--steps`` e
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import _common  # noqa: F401  (sets XLA flags before jax is imported)
@@ -22,9 +20,7 @@ import jax
 import jax.numpy as jnp
 from _common import compile_and_time, timed
 
-# this file is bench/envs.py: take bench/ off the path so ``import envs`` finds the package
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-import envs  # noqa: E402
+import envs
 
 
 def sample(key: jax.Array, mask: jax.Array) -> jax.Array:

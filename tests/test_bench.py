@@ -1,0 +1,44 @@
+"""Every benchmark under bench/ runs, as its docstring says, at a tiny budget.
+
+Each is run the way a user runs it (``python bench/NAME.py ...`` from the repository root, so the
+script's own folder is first on ``sys.path``), and must print its closing side-by-side ratio.
+A benchmark that stops working fails here instead of rotting unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# script -> (tiny arguments, a line its output must contain)
+TINY = {
+    "ppo_cartpole.py": (["--seeds", "1", "2", "--timesteps", "2048"], "ratio us/rejax:"),
+    "sac_pendulum.py": (["--seeds", "1", "--timesteps", "1500"], "ratio us/rejax:"),
+    "env_steps.py": (["--envs", "1", "8", "--size", "6", "--steps", "400"], "ratio snake us/jumanji:"),
+    "profile_ppo.py": (["--updates", "2"], "sum"),
+    "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
+                             "--configs-per-trial", "1"], "ratio evals/min us/naive:"),
+}
+
+
+def test_bench__every_script_is_covered():
+    scripts = {p.name for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_")}
+    assert scripts == set(TINY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script):
+    args, expect = TINY[script]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)  # as a user runs it: the package comes from the installed project
+    r = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert expect in r.stdout, r.stdout[-2000:]
