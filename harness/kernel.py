@@ -83,12 +83,14 @@ def make_algo(env_name: str, algo_name: str, config: Any) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _compiled(env_name: str, algo_name: str, config: Any) -> tuple[Callable, Callable, Callable, Any]:
+    """Jitted ``init``, ``chunk`` (its state argument donated: the old state is never read
+    again, so the device holds one copy) and ``evaluate`` over ``[C, S]`` lanes."""
     import jax
 
     import algos
 
     algo = make_algo(env_name, algo_name, config)
-    return (jax.jit(algos.batched(algo.init)), jax.jit(algos.batched(algo.chunk)),
+    return (jax.jit(algos.batched(algo.init)), jax.jit(algos.batched(algo.chunk), donate_argnums=0),
             jax.jit(algos.batched(algo.evaluate, hparams_argnum=None)), algo)
 
 
@@ -109,36 +111,98 @@ def _stack_hparams(algo_name: str, hparams: list[dict[str, float]]) -> Any:
     return jax.tree.map(lambda *x: jnp.stack(x), *[cls.default(**h) for h in hparams])
 
 
+class OutOfMemory(RuntimeError):
+    """A trial's kernel does not fit in device memory even one configuration at a time."""
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for XLA's out-of-memory error (``RESOURCE_EXHAUSTED``) on any backend."""
+    import jax
+
+    return isinstance(err, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(err)
+
+
+def config_groups(configs: int, batch: int) -> list[list[int]]:
+    """The configurations' indices in sub-batches of ``batch`` (the last one may be shorter)."""
+    return [list(range(i, min(i + batch, configs))) for i in range(0, configs, batch)]
+
+
 class TrialRunner:
     """One trial's kernel driven step by step: ``chunk()`` until ``done``, then ``finish()``.
 
-    The state stays on the device between chunks; only the per-chunk metrics come back.
+    The state stays on the device between chunks; only the per-chunk metrics come back. The C
+    configurations run as sub-batches of ``config_batch`` (all at once by default): every
+    sub-batch is compiled for the same width (the last is padded with repeats, which are
+    dropped) and gets exactly the keys and hyperparameters it would have had in one batch, so
+    the results are those of one batch. On an out-of-memory error the runner halves the
+    sub-batch and replays the chunks done so far (same results); it never retries a shape that
+    did not fit, and raises :class:`OutOfMemory` when one configuration does not fit.
     """
 
-    def __init__(self, plan: TrialPlan) -> None:
-        import jax
-
+    def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
         self.plan = plan
         self.config = build_config(plan.algo, plan.config)
-        init, self._chunk, self._evaluate, self.algo = _compiled(plan.env, plan.algo, self.config)
-        self.hp = _stack_hparams(plan.algo, plan.hparams)
-        train_keys, self.eval_keys = keys_for(plan)
-        self.runs = len(plan.hparams) * plan.seeds
-        t0 = time.perf_counter()
-        self.state = jax.block_until_ready(init(train_keys, self.hp))
-        self.compile_s, self.kernel_s, self.steps = time.perf_counter() - t0, 0.0, 0
+        self._init, self._chunk, self._evaluate, self.algo = _compiled(plan.env, plan.algo, self.config)
+        self.train_keys, self.eval_keys = keys_for(plan)
+        self.configs = len(plan.hparams)
+        self.runs = self.configs * plan.seeds
+        self.compile_s, self.kernel_s, self.steps = 0.0, 0.0, 0
         self.curves: list[ChunkReport] = []
+        self._start(min(config_batch or self.configs, self.configs))
+
+    def _start(self, batch: int) -> None:
+        """(Re)starts every sub-batch from its initial state; after an out-of-memory restart,
+        replays the chunks already reported (their metrics are the ones already sent)."""
+        import jax
+
+        self.batch, self.groups, self.hps, self.states = batch, [], [], []
+        t0 = time.perf_counter()
+        try:
+            for idx in config_groups(self.configs, batch):
+                padded = idx + [idx[0]] * (batch - len(idx))
+                hp = _stack_hparams(self.plan.algo, [self.plan.hparams[i] for i in padded])
+                self.groups.append(idx)
+                self.hps.append(hp)
+                self.states.append(jax.block_until_ready(self._init(self.train_keys[np.array(padded)], hp)))
+            for _ in range(len(self.curves)):
+                self._run_chunk()
+        except Exception as err:
+            self._shrink(err)
+            return
+        self.compile_s += time.perf_counter() - t0
+
+    def _shrink(self, err: BaseException) -> None:
+        if not is_out_of_memory(err):
+            raise err
+        self.states = []  # free the device memory before trying a narrower shape
+        if self.batch == 1:
+            raise OutOfMemory(
+                f"{self.plan.env}/{self.plan.algo} trial {self.plan.trial}: one configuration x "
+                f"{self.plan.seeds} seeds does not fit in device memory; lower seeds, num_envs or "
+                f"num_steps, or raise num_minibatches ({str(err).splitlines()[0][:200]})") from None
+        self._start(self.batch // 2)
+
+    def _run_chunk(self) -> Any:
+        """One chunk of every sub-batch; metrics with leaves ``[C, S, K]``."""
+        import jax
+
+        parts = []
+        for g, idx in enumerate(self.groups):
+            self.states[g], m = self._chunk(self.states[g], self.hps[g])
+            parts.append(jax.tree.map(lambda x, n=len(idx): np.asarray(x)[:n], jax.device_get(m)))
+        return jax.tree.map(lambda *x: np.concatenate(x), *parts)
 
     @property
     def done(self) -> bool:
         return len(self.curves) >= self.config.num_chunks
 
     def chunk(self) -> ChunkReport:
-        import jax
-
         t = time.perf_counter()
-        self.state, m = self._chunk(self.state, self.hp)
-        m = jax.device_get(m)  # waits for the chunk
+        try:
+            m = self._run_chunk()  # waits for the chunk
+        except Exception as err:
+            self._shrink(err)  # re-runs the chunks done so far in a narrower shape
+            return self.chunk()
         dt = time.perf_counter() - t
         if self.curves:
             self.kernel_s += dt
@@ -154,30 +218,40 @@ class TrialRunner:
         self.curves.append(report)
         return report
 
-    def policy_params(self) -> Any:
-        """The deterministic policy's parameters of every run, on the host: leaves ``[C, S, ...]``."""
+    def _gather(self, leaves_of: Callable[[Any], Any]) -> Any:
+        """``leaves_of(state)`` of every sub-batch on the host, joined to leaves ``[C, S, ...]``."""
         import jax
 
-        return jax.device_get(self.algo.policy_params(self.state))
+        parts = [jax.tree.map(lambda x, n=len(idx): np.asarray(x)[:n], jax.device_get(leaves_of(st)))
+                 for idx, st in zip(self.groups, self.states, strict=True)]
+        return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+
+    def policy_params(self) -> Any:
+        """The deterministic policy's parameters of every run, on the host: leaves ``[C, S, ...]``."""
+        return self._gather(self.algo.policy_params)
 
     def finish(self) -> TrialResult:
         """Deterministic evaluation of every run on the evaluation seeds."""
-        import jax
-
         t = time.perf_counter()
-        ev = jax.device_get(self._evaluate(self.state, self.eval_keys))
+        returns = []
+        for idx, st in zip(self.groups, self.states, strict=True):
+            padded = idx + [idx[0]] * (self.batch - len(idx))
+            ev = self._evaluate(st, self.eval_keys[np.array(padded)])
+            returns.append(np.asarray(ev.return_mean, np.float64)[: len(idx)])
         self.compile_s += time.perf_counter() - t
-        diverged = np.asarray(jax.device_get(self.state.diverged)).astype(bool)
-        scores = np.where(diverged, np.nan, np.asarray(ev.return_mean, np.float64))
+        diverged = self._gather(lambda st: st.diverged).astype(bool)
+        scores = np.where(diverged, np.nan, np.concatenate(returns))
         return TrialResult(scores, diverged, self.steps, self.kernel_s, self.compile_s, self.curves)
 
 
-def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = None) -> TrialResult:
-    """Trains the plan's C x S runs in one kernel, chunk by chunk, then evaluates each run.
+def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = None, *,
+              config_batch: int | None = None) -> TrialResult:
+    """Trains the plan's C x S runs in one kernel (or sub-batches of ``config_batch``
+    configurations), chunk by chunk, then evaluates each run.
 
     ``on_chunk`` is called on the host after every chunk; it may raise to stop the trial.
     """
-    runner = TrialRunner(plan)
+    runner = TrialRunner(plan, config_batch=config_batch)
     while not runner.done:
         report = runner.chunk()
         if on_chunk is not None:
