@@ -94,6 +94,14 @@ def start(address: str | None) -> tuple[str | None, str | None]:
     return dashboard, None if address else f"http://127.0.0.1:{metrics_port}/metrics"
 
 
+def run_once(fn: Any, *args: Any, gpu: bool) -> Any:
+    """``fn(*args)`` in a fresh Ray worker that exits afterwards (so whatever device memory it
+    took is given back), with a whole GPU when ``gpu``."""
+    import ray
+
+    return ray.get(ray.remote(max_calls=1, num_cpus=1, num_gpus=1 if gpu else 0)(fn).remote(*args))
+
+
 def placement(cache_dir: str, *, gpus_per_trial: float = 0.5) -> Placement:
     """One CPU core per trial on CPU machines (pinned); a share of a GPU where there are GPUs."""
     import ray

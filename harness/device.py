@@ -8,10 +8,23 @@ _CPU_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
 def configure_xla() -> None:
-    """Sets the XLA CPU flag that avoids vmapped kernels hanging in their first call.
-
-    Must run before ``import jax`` has initialised a backend. Harmless on GPU.
+    """Before ``import jax`` has initialised a backend: the XLA CPU flag that avoids vmapped
+    kernels hanging in their first call, and, on a GPU, no preallocation (JAX would otherwise
+    take 75% of the GPU in every process, so two processes could not share one). Each of our
+    processes then holds only what its kernels need; a user's own setting wins.
     """
     flags = os.environ.get("XLA_FLAGS", "")
     if _CPU_FLAG not in flags:
         os.environ["XLA_FLAGS"] = (flags + " " + _CPU_FLAG).strip()
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def driver_on_cpu() -> None:
+    """Keeps this process's JAX on the CPU backend (the study driver: it validates and builds
+    small arrays, and must never take GPU memory from the trials). Set through JAX's config,
+    not ``JAX_PLATFORMS``, so the Ray workers this process starts still see the GPU.
+    """
+    configure_xla()
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")

@@ -189,7 +189,7 @@ class TrialRunner:
         parts = []
         for g, idx in enumerate(self.groups):
             self.states[g], m = self._chunk(self.states[g], self.hps[g])
-            parts.append(jax.tree.map(lambda x, n=len(idx): np.asarray(x)[:n], jax.device_get(m)))
+            parts.append(_first(jax.device_get(m), len(idx)))
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
 
     @property
@@ -222,7 +222,7 @@ class TrialRunner:
         """``leaves_of(state)`` of every sub-batch on the host, joined to leaves ``[C, S, ...]``."""
         import jax
 
-        parts = [jax.tree.map(lambda x, n=len(idx): np.asarray(x)[:n], jax.device_get(leaves_of(st)))
+        parts = [_first(jax.device_get(leaves_of(st)), len(idx))
                  for idx, st in zip(self.groups, self.states, strict=True)]
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
 
@@ -257,6 +257,13 @@ def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = 
         if on_chunk is not None:
             on_chunk(report)
     return runner.finish()
+
+
+def _first(tree: Any, n: int) -> Any:
+    """The first ``n`` configurations of every leaf (a sub-batch without its padding)."""
+    import jax
+
+    return jax.tree.map(lambda x: np.asarray(x)[:n], tree)
 
 
 def _nanmean_last_axis(x: np.ndarray) -> np.ndarray:

@@ -154,7 +154,7 @@ class BatchedOptunaSearcher(Searcher):
         record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
                   "env_steps": int(result.get("env_steps", 0)),
-                  **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds")
+                  **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error")
                      if k in result}}
         self.on_complete(record)
         for t, c in zip(trials, configs, strict=True):

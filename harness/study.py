@@ -48,12 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="start over; the old results folder is kept aside")
     p.add_argument("--smoke", action="store_true", help="a tiny budget (about a minute on a laptop CPU)")
     p.add_argument("--no-asha", action="store_true", help="run every trial to the end (no early stopping)")
+    p.add_argument("--device-memory", metavar="SIZE",
+                   help="memory a device gives trials (e.g. 40GiB); default: measured on a GPU, unlimited on "
+                        "a CPU. Trial shapes that do not fit run their configurations in sub-batches")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.device import driver_on_cpu
+
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    driver_on_cpu()  # the driver never takes GPU memory; the trials' processes do
     try:
         if args.list:
             import studies
@@ -138,17 +144,20 @@ class Runner:
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> int:
         from harness import cluster
+        from harness.placement import parse_bytes
         from harness.space import validate
 
         meta = self._prepare_folder()
         # Fail fast, before Ray starts: the budget's values and the search space at its size.
         early = self._budget("cpu", meta)
         validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=early.timesteps)
+        self.device_bytes = parse_bytes(self.args.device_memory) if self.args.device_memory else None
         dashboard, metrics = cluster.start(self.args.address)
         try:
             place = cluster.placement(_cache_dir())
             budget = self._budget(place.kind, meta)
             validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=budget.timesteps)
+            place = self._fit_memory(place, budget)
             if meta is None:
                 meta = {"study": self.study.name, "env": self.study.env, "algo": self.study.algo,
                         "direction": self.study.direction, "metric": self.study.metric,
@@ -252,6 +261,51 @@ class Runner:
             searcher.fail_live()
         return self.done < self.budget.trials
 
+    def _fit_memory(self, place: Any, budget: Budget) -> Any:
+        """Measures each static shape's device memory where the trials run (a one-off worker on
+        a GPU) and decides trials per GPU and configurations per sub-batch; a shape that cannot
+        fit even one configuration at a time stops the study here, in one line."""
+        from harness import cluster
+        from harness.kernel import TrialPlan
+        from harness.placement import fmt_bytes
+        from harness.space import static_points
+        from harness.trainable import probe_shapes, shape_key
+
+        stated = self.device_bytes
+        if place.kind == "cpu" and stated is None:
+            return place
+        plans, names = {}, {}
+        for point in static_points(self.study, self.config_fields):
+            config = {**self.study.config, **point, "total_timesteps": budget.timesteps}
+            plan = TrialPlan(env=self.study.env, algo=self.study.algo, config=config, seeds=budget.seeds,
+                             hparams=[dict(self.study.hparams)] * budget.configs_per_trial, trial=0,
+                             study_seed=self.study.seed)
+            key = shape_key(config)
+            plans[key] = dataclasses.asdict(plan)
+            where = ", ".join(f"{k}={label(v)}" for k, v in point.items())
+            names[key] = (f"study {self.study.name}" + (f" ({where})" if where else "") +
+                          f", {budget.configs_per_trial} configs x {budget.seeds} seeds")
+        print("measuring each trial shape's device memory ...", flush=True)
+        fits = cluster.run_once(probe_shapes, plans, stated, place.device, gpu=place.kind == "gpu")
+        if isinstance(fits, str):
+            key = next((k for k in names if fits.startswith(k)), None)
+            raise StudyError(fits.replace(key, names[key], 1) if key else fits)
+        if fits is None:
+            return place
+        shapes, per_device = {}, []
+        for key, f in fits.items():
+            per_device.append(f["per_device"])
+            shapes[key] = {"config_batch": f["config_batch"]}
+            if place.kind == "gpu":
+                shapes[key]["gpu"] = 1.0 / f["per_device"]
+            split = (f", configurations in sub-batches of {f['config_batch']}"
+                     if f["config_batch"] < budget.configs_per_trial else "")
+            print(f"  {names[key]}: {fmt_bytes(f['need'])} per trial of {fmt_bytes(f['available'])}; "
+                  f"{f['per_device']} at a time per device{split}")
+        gpus = place.resources.get("gpu", 0) and place.slots * place.resources["gpu"]
+        slots = int(gpus * max(per_device)) if place.kind == "gpu" else min(place.slots, min(per_device))
+        return dataclasses.replace(place, slots=max(1, slots), device={**place.device, "shapes": shapes})
+
     def _max_chunks(self) -> int:
         """The most chunks any static configuration of the study trains for (ASHA's max_t)."""
         from harness.space import static_points
@@ -274,7 +328,8 @@ class Runner:
         values = [v for c in record["configs"] if (v := config_value(c, self.study.metric)) is not None]
         what = {"complete": f"best of its {len(record['configs'])} configs "
                             f"{max(values):.1f}" if values else "all configs diverged",
-                "pruned": "stopped early by ASHA", "failed": "FAILED"}[record["status"]]
+                "pruned": "stopped early by ASHA",
+                "failed": "FAILED" + (f": {record['error']}" if record.get("error") else "")}[record["status"]]
         best = ""
         if self.best:
             best = f" | study best {self.best[0]:.1f} ({self.best[1]}: {_fmt(self.best[2])})"

@@ -51,9 +51,9 @@ def setup_process(device: dict[str, Any]) -> None:
         return
     from harness.device import configure_xla
 
-    configure_xla()
-    if device.get("gpu_fraction"):
-        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 * device['gpu_fraction']:.3f}")
+    configure_xla()  # no GPU preallocation: a process holds what its kernels need
+    if device.get("gpu_fraction"):  # a cap, so one trial cannot starve the others on its GPU
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.95 * device['gpu_fraction']:.3f}")
     elif device.get("pin_cores"):
         _pin_cpu_cores(int(device.get("cpus", 1)))
     import jax
@@ -63,6 +63,25 @@ def setup_process(device: dict[str, Any]) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     _SETUP_DONE = True
+
+
+def probe_shapes(plans: dict[str, dict[str, Any]], device_bytes: int | None,
+                 device: dict[str, Any]) -> dict[str, dict[str, int]] | str | None:
+    """Run as a one-off Ray task on the trials' device: each shape's memory fit
+    (``harness.placement.probe``) as plain data, the one-line error when a shape cannot fit,
+    or None where the device's memory is unknown. Its compiles land in the persistent cache."""
+    import dataclasses
+
+    from harness.kernel import TrialPlan
+    from harness.placement import probe
+    from harness.space import StudyError
+
+    setup_process(device)
+    try:
+        fits = probe({k: TrialPlan(**v) for k, v in plans.items()}, device_bytes)
+    except StudyError as err:
+        return str(err)
+    return None if fits is None else {k: dataclasses.asdict(f) for k, f in fits.items()}
 
 
 def _floats(rows: Any) -> list[list[float | None]]:
@@ -138,20 +157,25 @@ class StudyTrial(tune.Trainable):
 
     def setup(self, config: dict[str, Any]) -> None:
         device = config.get("device", {})
-        setup_process(device)
+        share = shape_of(config).get("gpu")
+        setup_process({**device, "gpu_fraction": share} if share else device)
         self.watchdog = _Watchdog(float(device.get("chunk_timeout", 900)))
         self._start(config)
 
     def _start(self, config: dict[str, Any]) -> None:
-        from harness.kernel import TrialPlan, TrialRunner
+        from harness.kernel import OutOfMemory, TrialPlan, TrialRunner
 
         self.plan = TrialPlan(**config["plan"])
         self.study_name = config.get("study", "")
         self.started = time.perf_counter()
-        self.watchdog.busy()
-        self.runner = TrialRunner(self.plan)  # compiles on first use of a static config
-        self.watchdog.idle()
         self.last: dict[str, Any] = {}
+        self.oom: str | None = None
+        self.watchdog.busy()
+        try:  # compiles on first use of a static config
+            self.runner = TrialRunner(self.plan, config_batch=shape_of(config).get("config_batch"))
+        except OutOfMemory as err:
+            self.oom = str(err)
+        self.watchdog.idle()
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._start(new_config)
@@ -162,7 +186,7 @@ class StudyTrial(tune.Trainable):
 
         No mid-trial checkpoints: a trial is minutes long, and a failed one re-runs from its seeds.
         """
-        if not self.runner.done:
+        if self.oom is not None or not self.runner.done:
             return None
         import jax
         from flax import serialization
@@ -183,10 +207,18 @@ class StudyTrial(tune.Trainable):
         return f"{getattr(self, 'study_name', 'study')} trial {plan.trial if plan else '?'}"
 
     def step(self) -> dict[str, Any]:
+        from harness.kernel import OutOfMemory
         from harness.stats import config_score
 
-        self.watchdog.busy()
-        r = self.runner.chunk()
+        if self.oom is None:
+            self.watchdog.busy()
+            try:
+                r = self.runner.chunk()
+            except OutOfMemory as err:
+                self.oom = str(err)
+        if self.oom is not None:  # a result, not an exception: Tune must not retry the same shape
+            self.watchdog.idle()
+            return {"done": True, "error": self.oom, "score": float("nan")}
         _maybe_crash(self.plan, r.chunk)
         returns, diverged = _floats(r.returns), r.diverged.tolist()
         self.last.update(env_steps=r.env_steps, returns=returns, diverged=diverged,
@@ -209,13 +241,30 @@ class StudyTrial(tune.Trainable):
                 "kernel_seconds": result.kernel_seconds, "trial_seconds": time.perf_counter() - self.started}
 
 
+def shape_key(static: dict[str, Any]) -> str:
+    """The key of a trial shape (its static config) in the placement's ``shapes``."""
+    import json
+
+    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in static.items()}, sort_keys=True)
+
+
+def shape_of(config: dict[str, Any]) -> dict[str, Any]:
+    """What the placement decided for this trial's shape: ``gpu`` (share of a GPU) and
+    ``config_batch`` (configurations per sub-batch); {} where it decided nothing."""
+    shapes = config.get("device", {}).get("shapes", {})
+    return shapes.get(shape_key(config["plan"]["config"]), {}) if "plan" in config else {}
+
+
 def trainable_for(study: str, resources: dict[str, float]) -> type[StudyTrial]:
     """``StudyTrial`` under a class name that names the study (what the dashboard shows),
-    asking for ``resources`` per trial (``tune.with_resources`` would rename the class)."""
+    asking for ``resources`` per trial (``tune.with_resources`` would rename the class); a
+    trial whose shape the placement measured asks for its own share of a GPU."""
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
     def default_resource_request(cls: type, config: dict) -> PlacementGroupFactory:
-        return PlacementGroupFactory([{k.upper() if k in ("cpu", "gpu") else k: v for k, v in resources.items()}])
+        share = shape_of(config).get("gpu")
+        res = {**resources, "gpu": share} if share else resources
+        return PlacementGroupFactory([{k.upper() if k in ("cpu", "gpu") else k: v for k, v in res.items()}])
 
     name = "".join(ch if ch.isalnum() else "_" for ch in study).strip("_") or "study"
     attrs = {"__module__": __name__, "default_resource_request": classmethod(default_resource_request)}

@@ -1,8 +1,65 @@
-"""Test setup: CPU-only JAX with the XLA flag that avoids a first-call hang (RAY_FACTS.md)."""
+"""Test setup: CPU-only JAX with the XLA flag that avoids a first-call hang (RAY_FACTS.md), and
+the fixtures of the tests that start Ray (each with a private RAY_TMPDIR, its processes stopped)."""
 
 import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flag = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+
+
+@pytest.fixture(scope="session")
+def cache_home(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("xdg-cache"))  # JAX compile cache shared by these tests
+
+
+@pytest.fixture
+def ray_env(cache_home):
+    """An environment with a private RAY_TMPDIR; afterwards, no process may still use it."""
+    tmp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    env = {**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": str(ROOT)}
+    yield env
+    deadline = time.monotonic() + 20  # Ray's processes may take a moment to exit on a loaded machine
+    while (leftover := _ray_processes(tmp)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if leftover:
+        leftover = [f"{pid}: {_cmdline(pid)}" for pid in leftover]
+    for pid in _ray_processes(tmp):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert not leftover, f"Ray processes left running: {leftover}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
+
+
+def _ray_processes(tmp: str) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if tmp in cmd or f"RAY_TMPDIR={tmp}".encode() in env:
+            out.append(int(pid))
+    return out

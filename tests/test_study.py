@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -23,59 +21,13 @@ import pytest
 
 from harness import report
 from harness.records import load_trials
+from tests.conftest import _ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "20480", "--no-asha"]
 
 
 STUDY_NAMES = ["cartpole_ppo", "cartpole_sac", "dungeon_ppo", "pendulum_sac", "snake_ppo"]
-
-
-@pytest.fixture(scope="session")
-def cache_home(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("xdg-cache"))  # JAX compile cache shared by these tests
-
-
-@pytest.fixture
-def ray_env(cache_home):
-    """An environment with a private RAY_TMPDIR; afterwards, no process may still use it."""
-    tmp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
-    env = {**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": str(ROOT)}
-    yield env
-    deadline = time.monotonic() + 20  # Ray's processes may take a moment to exit on a loaded machine
-    while (leftover := _ray_processes(tmp)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    if leftover:
-        leftover = [f"{pid}: {_cmdline(pid)}" for pid in leftover]
-    for pid in _ray_processes(tmp):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    shutil.rmtree(tmp, ignore_errors=True)
-    assert not leftover, f"Ray processes left running: {leftover}"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-    except OSError:
-        return "?"
-
-
-def _ray_processes(tmp: str) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if tmp in cmd or f"RAY_TMPDIR={tmp}".encode() in env:
-            out.append(int(pid))
-    return out
 
 
 def _study(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:

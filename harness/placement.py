@@ -1,0 +1,186 @@
+"""How much device memory a trial's kernel needs, and how trials share a device.
+
+A trial's need comes from its compiled executables' memory analysis (``init``, ``chunk`` and
+``evaluate`` at its shape), measured on the device the trials will use, before the trial runs:
+
+    need(b) = G * state(b) + max(chunk(b), evaluate(b)) - state(b),   G = ceil(C / b)
+
+where ``b`` is the number of configurations per sub-batch (``harness.kernel.TrialRunner``),
+``state(b)`` the training state of one sub-batch (resident between chunks) and ``chunk(b)``
+the peak while one sub-batch's chunk runs (its state donated, so it is counted once). From
+the needs and the device's memory, :func:`fit` decides how many trials share a device and
+whether a trial must run its configurations in sub-batches. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.space import StudyError
+
+HEADROOM = 0.9  # of the device's available memory: XLA's own buffers, fragmentation
+GPU_PROCESS_BYTES = 512 * 2**20  # a trial process's CUDA context and libraries, beyond its kernels
+MAX_PER_DEVICE = 4  # a GPU time-slices concurrent kernels: more trials add processes, not throughput
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+@dataclass(frozen=True)
+class KernelMemory:
+    """Bytes of one sub-batch of ``width`` configurations x S seeds."""
+
+    width: int
+    state: int  # training state, resident between chunks
+    peak: int  # while its widest executable runs (state included)
+
+    def need(self, configs: int) -> int:
+        """Bytes for a trial of ``configs`` configurations run in sub-batches of ``width``."""
+        groups = math.ceil(configs / self.width)
+        return groups * self.state + self.peak - self.state
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How one trial shape runs on a device."""
+
+    config_batch: int  # configurations per sub-batch (== C: one batch)
+    per_device: int  # trials of this shape that fit on one device together
+    need: int  # bytes one trial needs
+    available: int  # bytes of the device that trials may use
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GiB"``, ``"512MB"``, ``"1e9"`` -> bytes (binary units either way).
+
+    Raises:
+        StudyError: not a size.
+    """
+    t = text.strip().lower().replace(" ", "")
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise StudyError(f"--device-memory {text!r} is not a size (e.g. 80GiB, 512MiB)") from None
+    if value <= 0:
+        raise StudyError(f"--device-memory {text!r} must be positive")
+    return int(value)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def fit(measure: Callable[[int], KernelMemory], configs: int, available: int, *, shape: str,
+        overhead: int = 0) -> Fit:
+    """Sub-batch and trials per device for a trial of ``configs`` configurations.
+
+    ``measure(b)`` gives the memory of a sub-batch of ``b`` configurations (it compiles, so it is
+    called as few times as possible: at ``configs``, then at 1 and at the widest ``b`` a linear
+    model of the two predicts to fit, stepping down until one really fits). ``overhead``: bytes
+    each trial process holds beyond its kernels. At most ``MAX_PER_DEVICE`` trials share a device.
+
+    Raises:
+        StudyError: even one configuration does not fit; the message names the shape, the bytes
+            needed and available, and what to lower.
+    """
+    usable = int(available * HEADROOM) - overhead
+    whole = measure(configs)
+    if whole.need(configs) <= usable:
+        per_device = min(MAX_PER_DEVICE, max(1, (usable + overhead) // (whole.need(configs) + overhead)))
+        return Fit(configs, per_device, whole.need(configs), available)
+    one = measure(1)
+    if one.need(configs) > usable:
+        raise StudyError(
+            f"{shape}: one configuration needs {fmt_bytes(one.peak)} of device memory and the whole trial "
+            f"{fmt_bytes(one.need(configs))} in sub-batches of 1, but {fmt_bytes(usable)} is usable "
+            f"({fmt_bytes(available)} x {HEADROOM}" + (f" - {fmt_bytes(overhead)} per process" if overhead else "")
+            + "); lower --seeds, num_envs or num_steps, or raise "
+            "num_minibatches")
+    # peak is close to linear in the width: interpolate, then check by measuring
+    slope = (whole.peak - one.peak) / max(configs - 1, 1)
+    b = max(1, min(configs - 1, int((usable - one.peak) / slope) + 1 if slope > 0 else configs - 1))
+    while b > 1:
+        m = measure(b)
+        if m.need(configs) <= usable:
+            return Fit(b, 1, m.need(configs), available)
+        b = max(1, int(b * usable / m.need(configs)))
+    return Fit(1, 1, one.need(configs), available)
+
+
+def measure_kernel(plan: Any, width: int) -> KernelMemory:
+    """Compiles the plan's kernels for ``width`` configurations (on this process's default
+    device, without running them) and reads their memory analysis."""
+    import dataclasses
+
+    import jax
+
+    from harness.kernel import _compiled, _stack_hparams, build_config, keys_for
+
+    plan = dataclasses.replace(plan, hparams=[plan.hparams[0]] * width)
+    init, chunk, evaluate, _ = _compiled(plan.env, plan.algo, build_config(plan.algo, plan.config))
+    hp = _stack_hparams(plan.algo, plan.hparams)
+    train_keys, eval_keys = keys_for(plan)
+    state = jax.eval_shape(init, train_keys, hp)
+
+    def peak(compiled: Any) -> tuple[int, int]:
+        m = compiled.memory_analysis()
+        return (m.argument_size_in_bytes,
+                m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes)
+
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+    peaks = [peak(init.lower(train_keys, hp).compile())[1] + state_bytes,
+             peak(chunk.lower(state, hp).compile())[1],
+             peak(evaluate.lower(state, eval_keys).compile())[1]]
+    return KernelMemory(width, state_bytes, max(peaks))
+
+
+def device_memory() -> int | None:
+    """Bytes this process's accelerator can give trials: the smaller of its allocator's limit
+    and the memory the driver reports free (``nvidia-smi``); None on a CPU."""
+    import jax
+
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        return None
+    stats = dev.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    free = _nvidia_free()
+    known = [v for v in (limit, free) if v]
+    return min(known) if known else None
+
+
+def _nvidia_free() -> int | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits",
+                              "-i", gpu], capture_output=True, text=True, timeout=20, check=True).stdout
+        return int(float(out.split()[0]) * 2**20)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def probe(plans: dict[str, Any], device_bytes: int | None) -> dict[str, Fit] | None:
+    """Fits every static shape (``{name: TrialPlan}``) to this process's device; None where
+    the device's memory is unknown (a CPU with no ``device_bytes`` stated).
+
+    Run where the trials run (a worker with the trials' GPU), never in the driver.
+    """
+    measured = device_memory()
+    available = device_bytes or measured
+    if available is None:
+        return None
+    overhead = GPU_PROCESS_BYTES if measured is not None else 0
+    return {name: fit(lambda b, p=plan: measure_kernel(p, b), len(plan.hparams), available, shape=name,
+                      overhead=overhead) for name, plan in plans.items()}

@@ -1,0 +1,105 @@
+"""Memory-aware placement: the arithmetic against stated device sizes, the measurement from
+compiled executables, and the study CLI splitting a shape that does not fit or refusing, in one
+line, one that cannot fit at all."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.kernel import TrialPlan
+from harness.placement import KernelMemory, fit, measure_kernel, parse_bytes
+from harness.space import StudyError
+from tests.test_study import _one_error_line, _study
+
+GiB = 2**30
+
+
+def _linear(fixed, per_config, state_per_config, calls):
+    def measure(width):
+        calls.append(width)
+        return KernelMemory(width, state_per_config * width, fixed + per_config * width)
+    return measure
+
+
+def test_fit__a_shape_that_fits_shares_the_device_by_its_need():
+    calls = []
+    f = fit(_linear(1 * GiB, GiB // 4, 2**20, calls), 64, 80 * GiB, shape="s")
+    need = 1 * GiB + 16 * GiB  # 64 configs at 1/4 GiB each, state included once
+    assert (f.config_batch, f.need) == (64, need)
+    assert f.per_device == int(80 * GiB * 0.9) // need == 4
+    assert calls == [64]  # one measurement when the whole trial fits
+    # small shapes: memory alone would allow hundreds of trials, a GPU profits from a few
+    assert fit(_linear(GiB // 8, 2**20, 2**10, []), 64, 80 * GiB, shape="s").per_device == 4
+    # each process's own overhead (a CUDA context) counts against the device too
+    assert fit(_linear(GiB, 0, 2**10, []), 1, 10 * GiB, shape="s", overhead=2 * GiB).per_device == 3
+
+
+def test_fit__a_shape_too_large_for_the_device_runs_in_sub_batches_that_fit():
+    calls = []
+    measure = _linear(1 * GiB, 1 * GiB, 64 * 2**20, calls)  # 32 configs: 33 GiB
+    f = fit(measure, 32, 20 * GiB, shape="s")
+    assert f.per_device == 1 and f.config_batch < 32
+    assert f.need <= 0.9 * 20 * GiB
+    assert measure(f.config_batch + 1).need(32) > 0.9 * 20 * GiB  # the widest sub-batch that fits
+    assert len(calls) <= 5
+
+
+def test_fit__one_configuration_that_cannot_fit_is_one_clear_error():
+    with pytest.raises(StudyError) as err:
+        fit(_linear(30 * GiB, 1 * GiB, 2**20, []), 32, 16 * GiB, shape="study x (network=transformer)")
+    msg = str(err.value)
+    assert msg.startswith("study x (network=transformer): one configuration needs 31.00 GiB")
+    assert "14.40 GiB is usable (16.00 GiB x 0.9)" in msg and "lower --seeds" in msg and "\n" not in msg
+    with pytest.raises(StudyError, match=r"is usable \(16.00 GiB x 0.9 - 512.00 MiB per process\)"):
+        fit(_linear(30 * GiB, 1 * GiB, 2**20, []), 32, 16 * GiB, shape="s", overhead=512 * 2**20)
+
+
+def test_parse_bytes__sizes_and_mistakes():
+    assert parse_bytes("80GiB") == 80 * GiB and parse_bytes("512 MB") == 512 * 2**20
+    assert parse_bytes("1e9") == 10**9
+    for bad in ("lots", "-1GiB", "12 parsecs"):
+        with pytest.raises(StudyError, match="is not a size|must be positive"):
+            parse_bytes(bad)
+
+
+def test_measure_kernel__grows_with_width_and_counts_the_transformers_attention():
+    config = dict(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=1, updates_per_chunk=1,
+                  eval_episodes=2, total_timesteps=128, embed_dim=8, num_heads=1, num_layers=1)
+    mlp = TrialPlan("Snake-v1", "ppo", {**config, "network": "mlp"}, [{}], seeds=2, trial=0)
+    att = TrialPlan("Snake-v1", "ppo", {**config, "network": "transformer"}, [{}], seeds=2, trial=0)
+    m1, m4 = measure_kernel(mlp, 1), measure_kernel(mlp, 4)
+    assert 0 < m1.state < m1.peak and m4.state == 4 * m1.state and m4.peak > 2 * m1.peak
+    # attention over 100 cells for a minibatch of 64 observations x 2 seeds: >= 64*2*100*100*4 bytes
+    assert measure_kernel(att, 1).peak > max(m1.peak, 64 * 2 * 100 * 100 * 4)
+
+
+@pytest.mark.slow
+def test_study__shape_larger_than_the_stated_device_runs_in_sub_batches(tmp_path, ray_env):
+    # cartpole_ppo's smoke shape (2 configs x 2 seeds), given room for one configuration only
+    plan = TrialPlan("CartPole-v1", "ppo", dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10,
+                                                num_minibatches=4, total_timesteps=20_480), [{}], 2, 0)
+    one, two = measure_kernel(plan, 1), measure_kernel(plan, 2)
+    size = int((one.need(2) + two.need(2)) / 2 / 0.9)
+    r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", str(size), "--no-asha",
+               env=ray_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 configs x 2 seeds: " in r.stdout and "configurations in sub-batches of 1" in r.stdout
+    root = tmp_path / "cartpole_ppo-smoke"
+    records = [json.loads(p.read_text()) for p in (root / "trials").glob("*.json")]
+    assert len(records) == 2 and all(rec["status"] == "complete" for rec in records), r.stdout
+    assert all(s is not None for rec in records for c in rec["configs"] for s in c["scores"])
+
+
+@pytest.mark.slow
+def test_study__shape_that_cannot_fit_stops_before_any_trial_in_one_line(tmp_path, ray_env):
+    r = _study("snake_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", "64KiB", env=ray_env)
+    _one_error_line(r, "study snake_ppo (network=mlp), 2 configs x 2 seeds: one configuration needs ")
+    assert "usable (64.00 KiB x 0.9); lower --seeds" in r.stderr
+    assert not (tmp_path / "snake_ppo-smoke" / "trials").exists()
+
+
+def test_study_cli__device_memory_that_is_not_a_size(tmp_path):
+    _one_error_line(_study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", "lots"),
+                    "--device-memory 'lots' is not a size")
