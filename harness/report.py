@@ -31,7 +31,7 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(configs, seeds, curves) from the records under ``root``."""
     meta = load_meta(root)
     maximize = meta.get("direction", "maximize") == "maximize"
-    config_rows, seed_rows, curve_rows = [], [], []
+    config_rows, seed_rows, curve_parts = [], [], []
     for rec in load_trials(root):
         for c in rec["configs"]:
             cid = config_id(rec["trial"], c["index"])
@@ -52,12 +52,7 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                 std=finite.std(ddof=1) if len(finite) > 1 else np.nan,
                 iqm=iqm(finite), ci_low=lo, ci_high=hi,
                 diverged=any(diverged), pruned=bool(c.get("pruned"))))
-        for point in rec.get("curves", []):
-            for i, row in enumerate(point["returns"]):
-                for s, value in enumerate(row):
-                    curve_rows.append(dict(config_id=config_id(rec["trial"], i), seed=s,
-                                           env_steps=point["env_steps"],
-                                           episode_return=np.nan if value is None else value))
+        curve_parts.append(_curves_of(rec))
     configs = pd.DataFrame(config_rows)
     if len(configs):
         metric = meta.get("metric", "mean")
@@ -65,7 +60,26 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         ranks = configs.loc[rankable, metric].rank(ascending=not maximize, method="min")
         configs["rank"] = ranks.astype("Int64").reindex(configs.index)
         configs = configs.sort_values(["rank", "config_id"], na_position="last").reset_index(drop=True)
-    return configs, pd.DataFrame(seed_rows), pd.DataFrame(curve_rows)
+    curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame(columns=CURVE_COLUMNS)
+    return configs, pd.DataFrame(seed_rows), curves
+
+
+CURVE_COLUMNS = ["config_id", "seed", "env_steps", "episode_return"]
+
+
+def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
+    """A trial record's curves, one row per (configuration, seed, chunk), built as arrays (a GPU
+    study's records hold millions of points)."""
+    points = rec.get("curves", [])
+    if not points:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    returns = np.array([[[np.nan if v is None else v for v in row] for row in p["returns"]] for p in points],
+                       dtype=float)  # [K, C, S]
+    k, c, s = returns.shape
+    ids = np.array([config_id(rec["trial"], i) for i in range(c)])
+    steps = np.array([p["env_steps"] for p in points])
+    return pd.DataFrame({"config_id": np.tile(np.repeat(ids, s), k), "seed": np.tile(np.arange(s), k * c),
+                         "env_steps": np.repeat(steps, c * s), "episode_return": returns.reshape(-1)})
 
 
 def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
@@ -100,8 +114,9 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
 
 
 def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
-    """Writes every report under ``root/reports`` (the plots and index.html too, unless
-    ``plots`` is False); returns their paths.
+    """Writes every report under ``root/reports``; returns their paths. With ``plots`` False
+    (after each trial of a running study) only the small ones: configs.csv, seeds.csv and
+    best.json; curves.csv, the plots, index.html and TensorBoard are written at the end.
 
     Raises:
         RecordsError: ``root`` is not a study's results folder.
@@ -112,8 +127,9 @@ def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
     configs, seeds, curves = tables(root)
     out = root / "reports"
     out.mkdir(parents=True, exist_ok=True)
-    paths = {name: out / f"{name}.csv" for name in ("configs", "seeds", "curves")}
-    for name, df in (("configs", configs), ("seeds", seeds), ("curves", curves)):
+    tables_ = {"configs": configs, "seeds": seeds, **({"curves": curves} if plots else {})}
+    paths = {name: out / f"{name}.csv" for name in tables_}
+    for name, df in tables_.items():
         tmp = paths[name].with_suffix(".csv.tmp")
         df.to_csv(tmp, index=False)
         tmp.replace(paths[name])

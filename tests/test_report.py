@@ -103,3 +103,31 @@ def test_tensorboard__each_configuration_is_a_run_with_curves_and_hparams(tmp_pa
     assert any(b"lr" in c and b"hidden" in c for c in hp)
     diverged = _scalars(_events(tmp_path / "tensorboard" / "t0000c1"))
     assert not any(tag.startswith("score/") for tag, _ in diverged)  # the diverged configuration: no score
+
+
+def test_tensorboard__per_seed_curves_only_for_the_best_configurations(tmp_path, monkeypatch):
+    from harness import tensorboard
+
+    monkeypatch.setattr(tensorboard, "PER_SEED", 1)
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize", "space": {"lr": "log"}})
+    write_json(tmp_path / "trials" / "0000.json",
+               _record(0, "complete", [[10.0, 20.0], [30.0, 40.0]], [[False, False], [False, False]]))
+    report.build(tmp_path)
+    best, other = (_scalars(_events(tmp_path / "tensorboard" / c)) for c in ("t0000c1", "t0000c0"))
+    assert best[("return/seed_0", 50)] == 2.0 and best[("return/seed_1", 50)] == 3.0
+    assert other[("return/mean", 50)] == 1.0 and not any(tag.startswith("return/seed") for tag, _ in other)
+
+
+def test_report__during_a_study_only_the_small_tables_are_rewritten(tmp_path):
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize", "space": {"lr": "log"}})
+    write_json(tmp_path / "trials" / "0000.json",
+               _record(0, "complete", [[10.0, 20.0], [30.0, 40.0]], [[False, False], [False, False]]))
+    paths = report.build(tmp_path, plots=False)
+    assert set(paths) == {"configs", "seeds", "best"} and not (tmp_path / "reports" / "curves.csv").exists()
+    import pandas as pd
+
+    full = report.build(tmp_path)
+    curves = pd.read_csv(full["curves"])
+    assert curves.config_id.tolist() == ["t0000c0", "t0000c0", "t0000c1", "t0000c1"]
+    assert curves.seed.tolist() == [0, 1, 0, 1] and curves.env_steps.tolist() == [50] * 4
+    np.testing.assert_array_equal(curves.episode_return.to_numpy(), [1.0, np.nan, 2.0, 3.0])
