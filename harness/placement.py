@@ -184,3 +184,23 @@ def probe(plans: dict[str, Any], device_bytes: int | None) -> dict[str, Fit] | N
     overhead = GPU_PROCESS_BYTES if measured is not None else 0
     return {name: fit(lambda b, p=plan: measure_kernel(p, b), len(plan.hparams), available, shape=name,
                       overhead=overhead) for name, plan in plans.items()}
+
+
+def final_width(needed: int, configs: int, *, rounds: int, kernel_s: float | None, compile_s: float | None) -> int:
+    """Configurations per kernel for re-training ``needed`` configurations (``rounds`` rounds of
+    fresh seeds each) after a search whose trials ran ``configs`` wide.
+
+    The search's width costs no compile (its executables are cached) and ``rounds`` kernels of
+    ``kernel_s`` (a search trial's kernel time); a width of ``needed`` costs one compile
+    (``compile_s``, a search trial's first compile) plus kernels estimated as ``needed / configs``
+    of that time (linear in lanes: exact on a CPU, optimistic on a GPU below saturation, where a
+    narrow kernel is rarely much faster, so a short kernel keeps the search's width). Without
+    timings the narrow width is taken.
+    """
+    if needed >= configs:
+        return configs
+    if kernel_s is None or compile_s is None:
+        return needed
+    wide = rounds * kernel_s
+    narrow = compile_s + rounds * kernel_s * needed / configs
+    return needed if narrow < wide else configs

@@ -347,8 +347,11 @@ class Runner:
     # -- the end ------------------------------------------------------------------------------
     def _final(self) -> None:
         """Re-trains the top-k configurations on fresh seeds (once per set of recorded trials)."""
+        import statistics
+
         from harness import report
         from harness.kernel import FINAL, TrialPlan
+        from harness.placement import final_width
 
         if self.study.top_k < 1:
             return
@@ -366,12 +369,19 @@ class Runner:
         groups: dict[str, list[str]] = {}
         for cid in top["config_id"]:
             groups.setdefault(repr(sorted(by_id[cid][0]["static"].items())), []).append(cid)
-        # Same shapes as the search trials (C configs, padded with repeats; S seeds per round), so
-        # the compiled kernels are reused; ceil(final_seeds / S) rounds of fresh seeds each.
-        c, seeds = self.budget.configs_per_trial, self.budget.seeds
+        # S seeds per round, ceil(final_seeds / S) rounds of fresh seeds; as wide as the search
+        # (its kernels are compiled) or as narrow as the group, whichever costs less
+        # (harness.placement.final_width, from the search trials' own timings).
+        seeds = self.budget.seeds
         rounds = -(-self.study.final_seeds // seeds)
         plans, members = [], []
         for ids in groups.values():
+            static = by_id[ids[0]][0]["static"]
+            timed = [r for r in records if r["static"] == static and r["status"] == "complete"
+                     and "kernel_seconds" in r and "compile_seconds" in r]
+            c = final_width(len(ids), self.budget.configs_per_trial, rounds=rounds,
+                            kernel_s=statistics.median(r["kernel_seconds"] for r in timed) if timed else None,
+                            compile_s=max(r["compile_seconds"] for r in timed) if timed else None)
             for start in range(0, len(ids), c):
                 batch = ids[start:start + c]
                 hps = [by_id[i][1]["hparams"] for i in batch]
@@ -381,7 +391,8 @@ class Runner:
                                            hparams=hps + [hps[0]] * (c - len(hps)), seeds=seeds,
                                            trial=len(plans), study_seed=self.study.seed, stream=FINAL))
                     members.append(batch)
-        print(f"re-training the top {len(top)} configurations on {rounds * seeds} fresh seeds ...", flush=True)
+        print(f"re-training the top {len(top)} configurations on {rounds * seeds} fresh seeds "
+              f"({len(plans)} kernels of {len(plans[0].hparams)} configs x {seeds} seeds) ...", flush=True)
         results = self._run_plans(plans)
         runs: dict[str, list] = {cid: [] for cid in top["config_id"]}
         for plan, batch, res in zip(plans, members, results, strict=True):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness.kernel import TrialPlan
-from harness.placement import KernelMemory, fit, measure_kernel, parse_bytes
+from harness.placement import KernelMemory, final_width, fit, measure_kernel, parse_bytes
 from harness.space import StudyError
 from tests.test_study import _one_error_line, _study
 
@@ -54,6 +54,18 @@ def test_fit__one_configuration_that_cannot_fit_is_one_clear_error():
     assert "14.40 GiB is usable (16.00 GiB x 0.9)" in msg and "lower --seeds" in msg and "\n" not in msg
     with pytest.raises(StudyError, match=r"is usable \(16.00 GiB x 0.9 - 512.00 MiB per process\)"):
         fit(_linear(30 * GiB, 1 * GiB, 2**20, []), 32, 16 * GiB, shape="s", overhead=512 * 2**20)
+
+
+def test_final_width__narrow_when_it_saves_more_than_its_compile():
+    # CPU-like: 4 wide, 24 s kernels, 2 rounds; 3 configs narrow: 20 s compile + 2 x 18 s = 56 > 48
+    assert final_width(3, 4, rounds=2, kernel_s=24.0, compile_s=20.0) == 4
+    assert final_width(3, 4, rounds=2, kernel_s=24.0, compile_s=2.0) == 3  # warm compilation cache
+    # GPU budget: 64 wide, 22 s kernel, 24 s compile: the search's width
+    assert final_width(3, 64, rounds=1, kernel_s=22.0, compile_s=24.0) == 64
+    # long kernels (minutes): narrow
+    assert final_width(3, 64, rounds=1, kernel_s=600.0, compile_s=24.0) == 3
+    assert final_width(3, 64, rounds=1, kernel_s=None, compile_s=None) == 3
+    assert final_width(5, 4, rounds=1, kernel_s=1.0, compile_s=100.0) == 4  # more than the width: batches of C
 
 
 def test_parse_bytes__sizes_and_mistakes():
