@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import math
 import os
 import shlex
 import sys
@@ -297,7 +298,7 @@ class Runner:
             per_device.append(f["per_device"])
             shapes[key] = {"config_batch": f["config_batch"]}
             if place.kind == "gpu":
-                shapes[key]["gpu"] = 1.0 / f["per_device"]
+                shapes[key]["gpu"] = math.floor(10_000 / f["per_device"]) / 10_000  # Ray's resource quantum
             split = (f", configurations in sub-batches of {f['config_batch']}"
                      if f["config_batch"] < budget.configs_per_trial else "")
             print(f"  {names[key]}: {fmt_bytes(f['need'])} per trial of {fmt_bytes(f['available'])}; "

@@ -76,7 +76,8 @@ def probe_shapes(plans: dict[str, dict[str, Any]], device_bytes: int | None,
     from harness.placement import probe
     from harness.space import StudyError
 
-    setup_process(device)
+    # the whole GPU, whatever share a trial gets: the device's memory is what is measured
+    setup_process({**device, "gpu_fraction": 1.0} if device.get("gpu_fraction") else device)
     try:
         fits = probe({k: TrialPlan(**v) for k, v in plans.items()}, device_bytes)
     except StudyError as err:

@@ -115,3 +115,16 @@ def test_study__shape_that_cannot_fit_stops_before_any_trial_in_one_line(tmp_pat
 def test_study_cli__device_memory_that_is_not_a_size(tmp_path):
     _one_error_line(_study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", "lots"),
                     "--device-memory 'lots' is not a size")
+
+
+def test_trainable__a_trial_asks_ray_for_its_shapes_share_of_a_gpu():
+    from harness.trainable import shape_key, shape_of, trainable_for
+
+    static = {"network": "transformer", "hidden": (64, 64), "total_timesteps": 100}
+    device = {"shapes": {shape_key(static): {"gpu": 0.3333, "config_batch": 5}}}
+    cls = trainable_for("snake_ppo", {"cpu": 1, "gpu": 0.5})
+    trial = {"plan": {"config": {**static, "hidden": [64, 64]}}, "device": device}  # as it travels (JSON)
+    assert shape_of(trial) == {"gpu": 0.3333, "config_batch": 5}
+    assert cls.default_resource_request(trial).bundles == [{"CPU": 1, "GPU": 0.3333}]
+    other = {"plan": {"config": {**static, "network": "mlp"}}, "device": device}  # a shape not measured
+    assert shape_of(other) == {} and cls.default_resource_request(other).bundles == [{"CPU": 1, "GPU": 0.5}]
