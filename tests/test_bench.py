@@ -22,6 +22,8 @@ TINY = {
     "sac_pendulum.py": (["--seeds", "1", "--timesteps", "1500"], "ratio us/rejax:"),
     "env_steps.py": (["--envs", "1", "8", "--size", "6", "--steps", "400"], "ratio snake us/jumanji:"),
     "profile_ppo.py": (["--updates", "2"], "sum"),
+    "report_scale.py": (["--trials", "2", "--configs", "12", "--seeds", "2", "--chunks", "3"],
+                        "ratio tensorboard before/now:"),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1"], "ratio evals/min us/naive:"),
 }
