@@ -54,14 +54,39 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                 diverged=any(diverged), pruned=bool(c.get("pruned"))))
         curve_parts.append(_curves_of(rec))
     configs = pd.DataFrame(config_rows)
-    if len(configs):
-        metric = meta.get("metric", "mean")
-        rankable = (configs.status == "complete") & ~configs.diverged & configs[metric].notna()
-        ranks = configs.loc[rankable, metric].rank(ascending=not maximize, method="min")
-        configs["rank"] = ranks.astype("Int64").reindex(configs.index)
-        configs = configs.sort_values(["rank", "config_id"], na_position="last").reset_index(drop=True)
     curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame(columns=CURVE_COLUMNS)
+    if len(configs):
+        configs = rank(configs, curves, meta.get("metric", "mean"), maximize)
     return configs, pd.DataFrame(seed_rows), curves
+
+
+TIEBREAK = "train_auc"  # the secondary ranking metric, named in the reports
+
+
+def ranked_by(metric: str) -> str:
+    """How configurations are ranked, in words (written to best.json)."""
+    return (f"evaluation return ({metric} over seeds); ties broken by {TIEBREAK}, the mean training "
+            "return over the whole run")
+
+
+def rank(configs: pd.DataFrame, curves: pd.DataFrame, metric: str, maximize: bool) -> pd.DataFrame:
+    """Ranks the complete, undiverged, scored configurations by ``metric``, ties broken by
+    ``train_auc``: the mean training episode return over the whole run (all chunks and seeds),
+    the area under the training curve, which rewards getting there sooner and staying there.
+    Configurations equal on both share a rank; never ranked by order. Sorted best first."""
+    auc = curves.groupby("config_id").episode_return.mean() if len(curves) else pd.Series(dtype=float)
+    configs[TIEBREAK] = configs.config_id.map(auc).astype(float)
+    rankable = (configs.status == "complete") & ~configs.diverged & configs[metric].notna()
+    sign = 1.0 if maximize else -1.0
+    keys = [(sign * m, sign * a if np.isfinite(a) else -np.inf)
+            for m, a in zip(configs.loc[rankable, metric], configs.loc[rankable, TIEBREAK], strict=True)]
+    order = sorted(range(len(keys)), key=lambda i: keys[i], reverse=True)
+    ranks = np.empty(len(keys), dtype=int)
+    for pos, i in enumerate(order):
+        same = pos and keys[i] == keys[order[pos - 1]]
+        ranks[i] = ranks[order[pos - 1]] if same else pos + 1
+    configs["rank"] = pd.Series(ranks, index=configs.index[rankable], dtype="Int64").reindex(configs.index)
+    return configs.sort_values(["rank", "config_id"], na_position="last").reset_index(drop=True)
 
 
 CURVE_COLUMNS = ["config_id", "seed", "env_steps", "episode_return"]
@@ -104,13 +129,15 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
                               ci95=[lo, hi], seeds=len(top["scores"] or []), scores=top["scores"],
                               diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
+            ranked_by=ranked_by(metric),
             reproduce=dict(command=top.get("command"), plans=top.get("plans")),
             candidates=[c["config_id"] for c in final["configs"]])
     if not len(configs) or configs["rank"].isna().all():
         return None
     row = configs.iloc[0]
     return dict(study=meta["study"], config_id=row.config_id, search_score=float(row[meta.get("metric", "mean")]),
-                reevaluation=None, note="the study has not finished its re-evaluation yet")
+                ranked_by=ranked_by(meta.get("metric", "mean")), reevaluation=None,
+                note="the study has not finished its re-evaluation yet")
 
 
 def build(root: Path, *, plots: bool = True) -> dict[str, Path]:

@@ -131,3 +131,22 @@ def test_report__during_a_study_only_the_small_tables_are_rewritten(tmp_path):
     assert curves.config_id.tolist() == ["t0000c0", "t0000c0", "t0000c1", "t0000c1"]
     assert curves.seed.tolist() == [0, 1, 0, 1] and curves.env_steps.tolist() == [50] * 4
     np.testing.assert_array_equal(curves.episode_return.to_numpy(), [1.0, np.nan, 2.0, 3.0])
+
+
+def test_tables__ties_are_broken_by_the_training_curve_never_by_order(tmp_path):
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize", "space": {"lr": "log"}})
+    rec = _record(0, "complete", [[500.0, 500.0], [500.0, 500.0]], [[False, False], [False, False]])
+    rec["curves"] = [{"chunk": 1, "env_steps": 50, "returns": [[100.0, 200.0], [400.0, 500.0]]},
+                     {"chunk": 2, "env_steps": 100, "returns": [[500.0, 500.0], [500.0, 500.0]]}]
+    write_json(tmp_path / "trials" / "0000.json", rec)
+    tied = _record(1, "complete", [[500.0, 500.0], [400.0, 400.0]], [[False, False], [False, False]])
+    tied["curves"] = rec["curves"]  # t0001c0 learns exactly like t0000c0
+    write_json(tmp_path / "trials" / "0001.json", tied)
+    configs, _, _ = report.tables(tmp_path)
+    # t0000c1 got to 500 sooner: ranked first although its id comes later
+    assert configs.config_id.tolist()[:3] == ["t0000c1", "t0000c0", "t0001c0"]
+    assert configs["rank"].tolist() == [1, 2, 2, 4]  # equal on both: the same rank
+    assert configs.set_index("config_id").train_auc.to_dict() == pytest.approx(
+        {"t0000c1": 475.0, "t0000c0": 325.0, "t0001c0": 325.0, "t0001c1": 475.0})
+    best = report.build(tmp_path)["best"].read_text()
+    assert "ties broken by train_auc" in best
