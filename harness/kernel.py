@@ -186,10 +186,11 @@ class TrialRunner:
         """One chunk of every sub-batch; metrics with leaves ``[C, S, K]``."""
         import jax
 
-        parts = []
-        for g, idx in enumerate(self.groups):
+        metrics = []
+        for g in range(len(self.groups)):  # every sub-batch is dispatched before any is waited on
             self.states[g], m = self._chunk(self.states[g], self.hps[g])
-            parts.append(_first(jax.device_get(m), len(idx)))
+            metrics.append(m)
+        parts = [_first(m, len(idx)) for m, idx in zip(jax.device_get(metrics), self.groups, strict=True)]
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
 
     @property
