@@ -171,9 +171,9 @@ def _nvidia_free() -> int | None:
         return None
 
 
-def probe(plans: dict[str, Any], device_bytes: int | None) -> dict[str, Fit] | None:
-    """Fits every static shape (``{name: TrialPlan}``) to this process's device; None where
-    the device's memory is unknown (a CPU with no ``device_bytes`` stated).
+def probe(plans: dict[str, Any], device_bytes: int | None, names: dict[str, str]) -> dict[str, Fit] | None:
+    """Fits every static shape (``{key: TrialPlan}``, ``names[key]`` what errors call it) to this
+    process's device; None where the device's memory is unknown (a CPU, no ``device_bytes``).
 
     Run where the trials run (a worker with the trials' GPU), never in the driver.
     """
@@ -182,8 +182,8 @@ def probe(plans: dict[str, Any], device_bytes: int | None) -> dict[str, Fit] | N
     if available is None:
         return None
     overhead = GPU_PROCESS_BYTES if measured is not None else 0
-    return {name: fit(lambda b, p=plan: measure_kernel(p, b), len(plan.hparams), available, shape=name,
-                      overhead=overhead) for name, plan in plans.items()}
+    return {key: fit(lambda b, p=plan: measure_kernel(p, b), len(plan.hparams), available, shape=names[key],
+                     overhead=overhead) for key, plan in plans.items()}
 
 
 def final_width(needed: int, configs: int, *, rounds: int, kernel_s: float | None, compile_s: float | None) -> int:

@@ -287,10 +287,9 @@ class Runner:
             names[key] = (f"study {self.study.name}" + (f" ({where})" if where else "") +
                           f", {budget.configs_per_trial} configs x {budget.seeds} seeds")
         print("measuring each trial shape's device memory ...", flush=True)
-        fits = cluster.run_once(probe_shapes, plans, stated, place.device, gpu=place.kind == "gpu")
+        fits = cluster.run_once(probe_shapes, plans, names, stated, place.device, gpu=place.kind == "gpu")
         if isinstance(fits, str):
-            key = next((k for k in names if fits.startswith(k)), None)
-            raise StudyError(fits.replace(key, names[key], 1) if key else fits)
+            raise StudyError(fits)
         if fits is None:
             return place
         shapes, per_device = {}, []
@@ -303,8 +302,11 @@ class Runner:
                      if f["config_batch"] < budget.configs_per_trial else "")
             print(f"  {names[key]}: {fmt_bytes(f['need'])} per trial of {fmt_bytes(f['available'])}; "
                   f"{f['per_device']} at a time per device{split}")
-        gpus = place.resources.get("gpu", 0) and place.slots * place.resources["gpu"]
-        slots = int(gpus * max(per_device)) if place.kind == "gpu" else min(place.slots, min(per_device))
+        if place.kind == "gpu":
+            gpus = place.slots * place.resources["gpu"]  # the placement gave each GPU 1 / share trials
+            slots = int(round(gpus)) * max(per_device)
+        else:
+            slots = min(place.slots, min(per_device))
         return dataclasses.replace(place, slots=max(1, slots), device={**place.device, "shapes": shapes})
 
     def _max_chunks(self) -> int:

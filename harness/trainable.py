@@ -65,7 +65,7 @@ def setup_process(device: dict[str, Any]) -> None:
     _SETUP_DONE = True
 
 
-def probe_shapes(plans: dict[str, dict[str, Any]], device_bytes: int | None,
+def probe_shapes(plans: dict[str, dict[str, Any]], names: dict[str, str], device_bytes: int | None,
                  device: dict[str, Any]) -> dict[str, dict[str, int]] | str | None:
     """Run as a one-off Ray task on the trials' device: each shape's memory fit
     (``harness.placement.probe``) as plain data, the one-line error when a shape cannot fit,
@@ -79,7 +79,7 @@ def probe_shapes(plans: dict[str, dict[str, Any]], device_bytes: int | None,
     # the whole GPU, whatever share a trial gets: the device's memory is what is measured
     setup_process({**device, "gpu_fraction": 1.0} if device.get("gpu_fraction") else device)
     try:
-        fits = probe({k: TrialPlan(**v) for k, v in plans.items()}, device_bytes)
+        fits = probe({k: TrialPlan(**v) for k, v in plans.items()}, device_bytes, names)
     except StudyError as err:
         return str(err)
     return None if fits is None else {k: dataclasses.asdict(f) for k, f in fits.items()}
