@@ -95,7 +95,8 @@ class Algo(NamedTuple):
     """An algorithm's pure functions for one env and static config.
 
     ``init(key, hparams) -> state``; ``chunk(state, hparams) -> (state, metrics [K])``;
-    ``evaluate(state, key) -> EvalMetrics``; ``act(policy_params, obs, mask=None) -> env action``
+    ``evaluate(state, key, num_episodes=None) -> EvalMetrics`` (``num_episodes`` is static: the
+    config's ``eval_episodes`` when None); ``act(policy_params, obs, mask=None) -> env action``
     (the deterministic policy; ``mask`` is the env's action mask where it has one);
     ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps).
     """

@@ -94,6 +94,10 @@ class PPOConfig:
         """Chunks needed to cover ``total_timesteps`` (the last may overshoot)."""
         return -(-self.num_updates // self.updates_per_chunk)
 
+    def env_steps_after(self, chunks: int) -> int:
+        """Env steps per seed once ``chunks`` chunks have run (what ``PPOMetrics.env_steps`` says)."""
+        return chunks * self.updates_per_chunk * self.batch_size
+
 
 @struct.dataclass
 class PPOHParams:
@@ -293,9 +297,9 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
             pi_out = jnp.where(mask, pi_out, -jnp.inf)
         return jnp.argmax(pi_out, -1)
 
-    def evaluate(state: PPOState, key: jax.Array) -> EvalMetrics:
+    def evaluate(state: PPOState, key: jax.Array, num_episodes: int | None = None) -> EvalMetrics:
         return evaluate_policy(env, env_params, lambda o, m: act(state.params, o, m), key,
-                               config.eval_episodes)
+                               num_episodes or config.eval_episodes)
 
     return Algo(init, chunk, evaluate, act, lambda state: state.params)
 

@@ -70,6 +70,10 @@ class SACConfig:
     def num_chunks(self) -> int:
         return -(-self.num_iterations // self.steps_per_chunk)
 
+    def env_steps_after(self, chunks: int) -> int:
+        """Env steps per seed once ``chunks`` chunks have run (random warm-up steps included)."""
+        return (self.warmup_steps + chunks * self.steps_per_chunk) * self.num_envs
+
 
 @struct.dataclass
 class SACHParams:
@@ -232,7 +236,8 @@ def make(config: SACConfig, env: Environment, env_params: Any) -> Algo:
     def act(actor_params: Any, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         return scale(jnp.tanh(actor.apply(actor_params, obs)[0]))
 
-    def evaluate(state: SACState, key: jax.Array) -> EvalMetrics:
-        return evaluate_policy(env, env_params, lambda o, m: act(state.actor, o), key, config.eval_episodes)
+    def evaluate(state: SACState, key: jax.Array, num_episodes: int | None = None) -> EvalMetrics:
+        return evaluate_policy(env, env_params, lambda o, m: act(state.actor, o), key,
+                               num_episodes or config.eval_episodes)
 
     return Algo(init, chunk, evaluate, act, lambda state: state.actor)

@@ -15,10 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from harness.stats import OBJECTIVES, objective_values
+
 # Key streams: (study seed, trial, stream, seed index) -> PRNG key. Training and evaluation use
 # different streams, so a configuration is scored on episodes it never trained on; the final
 # re-training of the best configurations uses streams of its own (fresh seeds).
 SEARCH, FINAL = 0, 1
+CURVE_TAG = 7919  # evaluation after chunk k uses fold_in(fold_in(eval key, CURVE_TAG), k)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class TrialPlan:
     trial: int
     study_seed: int = 0
     stream: int = SEARCH
+    objective: str = "final"  # what a run's score is (harness.stats.objective_values)
+    threshold: float | None = None  # for objective "steps"
+    curve_episodes: int = 4  # deterministic evaluation episodes per seed after every chunk (0: none)
 
 
 @dataclass
@@ -43,6 +49,7 @@ class ChunkReport:
     num_chunks: int
     env_steps: int  # per seed, cumulative
     returns: np.ndarray  # [C, S] mean return of episodes finished in this chunk (NaN: none)
+    evals: np.ndarray  # [C, S] deterministic evaluation return after this chunk (NaN: not evaluated)
     diverged: np.ndarray  # [C, S] bool, sticky
     steps_per_sec: float  # all C x S runs together, this chunk
     kernel_seconds: float  # time spent in compiled chunks so far (compile excluded)
@@ -50,7 +57,8 @@ class ChunkReport:
 
 @dataclass
 class TrialResult:
-    scores: np.ndarray  # [C, S] deterministic evaluation return (NaN where diverged)
+    scores: np.ndarray  # [C, S] value under the plan's objective (NaN where diverged)
+    final_returns: np.ndarray  # [C, S] deterministic evaluation return after the last chunk
     diverged: np.ndarray  # [C, S] bool
     env_steps: int  # per seed
     kernel_seconds: float
@@ -82,15 +90,33 @@ def make_algo(env_name: str, algo_name: str, config: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(env_name: str, algo_name: str, config: Any) -> tuple[Callable, Callable, Callable, Any]:
-    """Jitted ``init``, ``chunk`` (its state argument donated: the old state is never read
-    again, so the device holds one copy) and ``evaluate`` over ``[C, S]`` lanes."""
+def _compiled(env_name: str, algo_name: str, config: Any,
+              curve_episodes: int = 0) -> tuple[Callable, Callable, Callable, Any]:
+    """Jitted ``init``, ``chunk`` and ``evaluate`` over ``[C, S]`` lanes.
+
+    ``chunk(state, hparams, eval_keys, k) -> (state, metrics, evals [C, S])`` trains one chunk
+    and then evaluates the deterministic policy on ``curve_episodes`` episodes per run, in the
+    same compiled call (NaN when ``curve_episodes`` is 0); its state argument is donated (the old
+    state is never read again, so the device holds one copy).
+    """
     import jax
+    import jax.numpy as jnp
 
     import algos
 
     algo = make_algo(env_name, algo_name, config)
-    return (jax.jit(algos.batched(algo.init)), jax.jit(algos.batched(algo.chunk), donate_argnums=0),
+
+    def train_then_evaluate(state: Any, hp: Any, key: Any) -> tuple[Any, Any, Any]:
+        state, metrics = algo.chunk(state, hp)
+        if not curve_episodes:
+            return state, metrics, jnp.float32(jnp.nan)
+        return state, metrics, algo.evaluate(state, key, curve_episodes).return_mean
+
+    def chunk(state: Any, hp: Any, eval_keys: Any, k: Any) -> tuple[Any, Any, Any]:
+        fold = jax.vmap(jax.vmap(lambda key: jax.random.fold_in(jax.random.fold_in(key, CURVE_TAG), k)))
+        return algos.batched(train_then_evaluate)(state, hp, fold(eval_keys))
+
+    return (jax.jit(algos.batched(algo.init)), jax.jit(chunk, donate_argnums=0),
             jax.jit(algos.batched(algo.evaluate, hparams_argnum=None)), algo)
 
 
@@ -142,8 +168,17 @@ class TrialRunner:
     def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
         self.plan = plan
         self.config = build_config(plan.algo, plan.config)
-        self._init, self._chunk, self._evaluate, self.algo = _compiled(plan.env, plan.algo, self.config)
+        if plan.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {plan.objective!r}; choose from {', '.join(OBJECTIVES)}")
+        if plan.objective != "final" and plan.curve_episodes < 1:
+            raise ValueError(f"objective {plan.objective!r} needs an evaluation after every chunk "
+                             "(curve_episodes >= 1)")
+        if plan.objective == "steps" and plan.threshold is None:
+            raise ValueError("objective 'steps' needs a threshold")
+        self._init, self._chunk, self._evaluate, self.algo = _compiled(plan.env, plan.algo, self.config,
+                                                                        plan.curve_episodes)
         self.train_keys, self.eval_keys = keys_for(plan)
+        self.budget_steps = self.config.env_steps_after(self.config.num_chunks)
         self.configs = len(plan.hparams)
         self.runs = self.configs * plan.seeds
         self.compile_s, self.kernel_s, self.steps = 0.0, 0.0, 0
@@ -155,17 +190,18 @@ class TrialRunner:
         replays the chunks already reported (their metrics are the ones already sent)."""
         import jax
 
-        self.batch, self.groups, self.hps, self.states = batch, [], [], []
+        self.batch, self.groups, self.hps, self.states, self.group_eval_keys = batch, [], [], [], []
         t0 = time.perf_counter()
         try:
             for idx in config_groups(self.configs, batch):
-                padded = idx + [idx[0]] * (batch - len(idx))
+                padded = np.array(idx + [idx[0]] * (batch - len(idx)))
                 hp = _stack_hparams(self.plan.algo, [self.plan.hparams[i] for i in padded])
                 self.groups.append(idx)
                 self.hps.append(hp)
-                self.states.append(jax.block_until_ready(self._init(self.train_keys[np.array(padded)], hp)))
-            for _ in range(len(self.curves)):
-                self._run_chunk()
+                self.group_eval_keys.append(self.eval_keys[padded])
+                self.states.append(jax.block_until_ready(self._init(self.train_keys[padded], hp)))
+            for k in range(len(self.curves)):
+                self._run_chunk(k)
         except Exception as err:
             self._shrink(err)
             return
@@ -182,15 +218,16 @@ class TrialRunner:
                 f"num_steps, or raise num_minibatches ({str(err).splitlines()[0][:200]})") from None
         self._start(self.batch // 2)
 
-    def _run_chunk(self) -> Any:
-        """One chunk of every sub-batch; metrics with leaves ``[C, S, K]``."""
+    def _run_chunk(self, k: int) -> tuple[Any, np.ndarray]:
+        """Chunk ``k`` (0-based) of every sub-batch: metrics with leaves ``[C, S, K]`` and the
+        evaluation after it ``[C, S]``."""
         import jax
 
-        metrics = []
+        out = []
         for g in range(len(self.groups)):  # every sub-batch is dispatched before any is waited on
-            self.states[g], m = self._chunk(self.states[g], self.hps[g])
-            metrics.append(m)
-        parts = [_first(m, len(idx)) for m, idx in zip(jax.device_get(metrics), self.groups, strict=True)]
+            self.states[g], m, ev = self._chunk(self.states[g], self.hps[g], self.group_eval_keys[g], k)
+            out.append((m, ev))
+        parts = [_first(o, len(idx)) for o, idx in zip(jax.device_get(out), self.groups, strict=True)]
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
 
     @property
@@ -200,7 +237,7 @@ class TrialRunner:
     def chunk(self) -> ChunkReport:
         t = time.perf_counter()
         try:
-            m = self._run_chunk()  # waits for the chunk
+            m, evals = self._run_chunk(len(self.curves))  # waits for the chunk
         except Exception as err:
             self._shrink(err)  # re-runs the chunks done so far in a narrower shape
             return self.chunk()
@@ -213,6 +250,7 @@ class TrialRunner:
         report = ChunkReport(
             chunk=len(self.curves) + 1, num_chunks=self.config.num_chunks, env_steps=new_steps,
             returns=_nanmean_last_axis(np.asarray(m.episode_return)),
+            evals=np.broadcast_to(np.asarray(evals, np.float64), (self.configs, self.plan.seeds)).copy(),
             diverged=np.asarray(m.diverged)[..., -1].astype(bool),
             steps_per_sec=(new_steps - self.steps) * self.runs / max(dt, 1e-9), kernel_seconds=self.kernel_s)
         self.steps = new_steps
@@ -231,18 +269,30 @@ class TrialRunner:
         """The deterministic policy's parameters of every run, on the host: leaves ``[C, S, ...]``."""
         return self._gather(self.algo.policy_params)
 
+    def objective_so_far(self) -> np.ndarray:
+        """``[C, S]`` each run's value under the plan's objective from the chunks done so far (the
+        latest evaluation standing in for the final one): what the scheduler compares at a rung."""
+        return self._objective(None)
+
+    def _objective(self, final: np.ndarray | None) -> np.ndarray:
+        evals = np.stack([r.evals for r in self.curves])
+        values = objective_values(evals, [r.env_steps for r in self.curves], self.plan.objective, final=final,
+                                  threshold=self.plan.threshold, budget=self.budget_steps)
+        return np.where(self.curves[-1].diverged, np.nan, values)
+
     def finish(self) -> TrialResult:
-        """Deterministic evaluation of every run on the evaluation seeds."""
+        """Deterministic evaluation of every run on the evaluation seeds; each run's score
+        under the plan's objective."""
         t = time.perf_counter()
         returns = []
-        for idx, st in zip(self.groups, self.states, strict=True):
-            padded = idx + [idx[0]] * (self.batch - len(idx))
-            ev = self._evaluate(st, self.eval_keys[np.array(padded)])
+        for idx, st, keys in zip(self.groups, self.states, self.group_eval_keys, strict=True):
+            ev = self._evaluate(st, keys)
             returns.append(np.asarray(ev.return_mean, np.float64)[: len(idx)])
         self.compile_s += time.perf_counter() - t
         diverged = self._gather(lambda st: st.diverged).astype(bool)
-        scores = np.where(diverged, np.nan, np.concatenate(returns))
-        return TrialResult(scores, diverged, self.steps, self.kernel_s, self.compile_s, self.curves)
+        final = np.where(diverged, np.nan, np.concatenate(returns))
+        return TrialResult(np.where(diverged, np.nan, self._objective(final)), final, diverged, self.steps,
+                           self.kernel_s, self.compile_s, self.curves)
 
 
 def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = None, *,

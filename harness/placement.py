@@ -127,7 +127,8 @@ def measure_kernel(plan: Any, width: int) -> KernelMemory:
     from harness.kernel import _compiled, _stack_hparams, build_config, keys_for
 
     plan = dataclasses.replace(plan, hparams=[plan.hparams[0]] * width)
-    init, chunk, evaluate, _ = _compiled(plan.env, plan.algo, build_config(plan.algo, plan.config))
+    init, chunk, evaluate, _ = _compiled(plan.env, plan.algo, build_config(plan.algo, plan.config),
+                                         plan.curve_episodes)
     hp = _stack_hparams(plan.algo, plan.hparams)
     train_keys, eval_keys = keys_for(plan)
     state = jax.eval_shape(init, train_keys, hp)
@@ -139,7 +140,7 @@ def measure_kernel(plan: Any, width: int) -> KernelMemory:
 
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
     peaks = [peak(init.lower(train_keys, hp).compile())[1] + state_bytes,
-             peak(chunk.lower(state, hp).compile())[1],
+             peak(chunk.lower(state, hp, eval_keys, 0).compile())[1],
              peak(evaluate.lower(state, eval_keys).compile())[1]]
     return KernelMemory(width, state_bytes, max(peaks))
 

@@ -51,27 +51,32 @@ def _band(values: np.ndarray, *, resamples: int = 500, seed: int = 0) -> tuple[n
         return np.nanpercentile(means, 2.5, axis=0), np.nanpercentile(means, 97.5, axis=0)
 
 
-def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path) -> Path | None:
+def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objective: str = "final") -> Path | None:
+    """The top configurations' evaluation curves (training return where a study has none)."""
     ranked = configs[configs["rank"].notna()].head(TOP)
     if not len(ranked) or not len(curves):
         return None
+    column = "eval_return" if "eval_return" in curves and curves.eval_return.notna().any() else "episode_return"
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for cid in ranked.config_id:
         c = curves[curves.config_id == cid].pivot_table(index="seed", columns="env_steps",
-                                                       values="episode_return", dropna=False)
+                                                       values=column, dropna=False)
         steps, values = c.columns.to_numpy(), c.to_numpy(float)
         with np.errstate(all="ignore"):
             mean = np.nanmean(values, axis=0) if values.size else values
         lo, hi = _band(values)
         (line,) = ax.plot(steps, mean, label=f"{cid} (rank {int(ranked.set_index('config_id').loc[cid, 'rank'])})")
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set(xlabel="env steps per seed", ylabel="training episode return",
-           title=f"top {len(ranked)} configurations: mean over seeds, bootstrap 95% band")
+    ax.set(xlabel="env steps per seed",
+           ylabel="evaluation return (deterministic)" if column == "eval_return" else "training episode return",
+           title=f"top {len(ranked)} configurations, ranked by objective {objective!r}\n"
+                 "mean over seeds, bootstrap 95% band")
     return _save(plt, fig, path, ax)
 
 
-def params_plot(configs: pd.DataFrame, space: dict[str, str], metric: str, path: Path) -> Path | None:
+def params_plot(configs: pd.DataFrame, space: dict[str, str], metric: str, path: Path,
+                objective: str = "final") -> Path | None:
     names = [n for n in space if n in configs.columns]
     if not names or not len(configs):
         return None
@@ -96,16 +101,17 @@ def params_plot(configs: pd.DataFrame, space: dict[str, str], metric: str, path:
 
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set(xlabel=name + (" (log)" if kind == "log" else ""), ylabel=metric)
+        ax.set(xlabel=name + (" (log)" if kind == "log" else ""), ylabel=f"{objective} ({metric})")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"configuration score ({metric} evaluation return over seeds) by hyperparameter")
+    fig.suptitle(f"configuration score (objective {objective!r}, {metric} over seeds) by hyperparameter")
     return _save(plt, fig, path)
 
 
-def progress_plot(configs: pd.DataFrame, metric: str, maximize: bool, path: Path) -> Path | None:
+def progress_plot(configs: pd.DataFrame, metric: str, maximize: bool, path: Path,
+                  objective: str = "final") -> Path | None:
     scored = configs[configs[metric].notna() & ~configs.diverged]
     if not len(scored):
         return None
@@ -117,7 +123,7 @@ def progress_plot(configs: pd.DataFrame, metric: str, maximize: bool, path: Path
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.scatter(trials, per_trial, s=16, alpha=0.6, label="best configuration of the trial")
     ax.step(trials, best, where="post", label="best so far")
-    ax.set(xlabel="trial", ylabel=metric, title="best score over trials")
+    ax.set(xlabel="trial", ylabel=metric, title=f"best score over trials (objective {objective!r})")
     return _save(plt, fig, path, ax)
 
 
@@ -128,7 +134,8 @@ def index_html(root: Path, configs: pd.DataFrame, images: list[Path], best: dict
     imgs = "\n".join(f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in images)
     best_html = "<p>No configuration has been scored yet.</p>"
     if best:
-        best_html = f"<pre>{html.escape(json.dumps(best, indent=1))}</pre>"
+        best_html = (f"<p>Ranked by {html.escape(best.get('ranked_by', ''))}.</p>" + _control_html(best)
+                     + f"<pre>{html.escape(json.dumps(best, indent=1))}</pre>")
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(meta['study'])}: rl-harness report</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} table.board{{border-collapse:collapse;
@@ -137,7 +144,8 @@ img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;font-size:12px;overflo
 <body><h1>{html.escape(meta['study'])}</h1>
 <p>{html.escape(meta.get('env', ''))} / {html.escape(meta.get('algo', ''))}; budget
 {html.escape(json.dumps(meta.get('budget', {})))}. Files: <a href="configs.csv">configs.csv</a>,
-<a href="seeds.csv">seeds.csv</a>, <a href="curves.csv">curves.csv</a>, <a href="best.json">best.json</a>.</p>
+<a href="seeds.csv">seeds.csv</a>, <a href="curves.csv">curves.csv</a>, <a href="final.csv">final.csv</a>,
+<a href="best.json">best.json</a>.</p>
 <h2>Best configuration</h2>{best_html}
 <h2>Leaderboard (top 20)</h2>{table}
 <h2>Plots</h2>{imgs}
@@ -148,14 +156,43 @@ img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;font-size:12px;overflo
     return path
 
 
+def _control_html(best: dict[str, Any]) -> str:
+    """The tuned-vs-default table of index.html ("" without a control)."""
+    t = best.get("tuned_vs_default")
+    if not t:
+        return ""
+
+    def cell(x: dict[str, Any]) -> str:
+        if x.get("mean") is None:
+            return "no score"
+        return f"{x['mean']:.4g} (95% CI {x['ci95'][0]:.4g} .. {x['ci95'][1]:.4g})"
+
+    d = t["difference"]
+    verdict = ("Tuning helps: the paired difference's 95% CI excludes 0." if t["better"] else
+               "No clear gain from tuning: the paired difference's 95% CI includes 0.")
+    diff = "" if d["mean"] is None else f"{d['mean']:+.4g} (95% CI {d['ci95'][0]:+.4g} .. {d['ci95'][1]:+.4g})"
+    return (f"<h3>Tuned vs default (same fresh seeds)</h3><table class='board'><tr><th></th><th>configuration"
+            f"</th><th>score</th></tr><tr><td>tuned</td><td>{html.escape(t['tuned']['config_id'])}</td>"
+            f"<td>{cell(t['tuned'])}</td></tr><tr><td>default</td><td>{html.escape(_params(t['default']))}</td>"
+            f"<td>{cell(t['default'])}</td></tr><tr><td>paired difference</td><td>{d['paired_seeds']} seeds</td>"
+            f"<td>{diff}</td></tr></table><p>{verdict}</p>")
+
+
+def _params(default: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in default.get("params", {}).items())
+
+
 def build(root: Path, configs: pd.DataFrame, curves: pd.DataFrame, best: dict[str, Any] | None) -> dict[str, Path]:
     """Writes the plots and index.html under ``root/reports``; returns their paths."""
     meta = json.loads((root / "study.json").read_text())
     metric = meta.get("metric", "mean")
+    objective = meta.get("objective", "final")
     out = root / "reports"
-    made = [curves_plot(configs, curves, out / "curves.png"),
-            params_plot(configs, meta.get("space", {}), metric, out / "params.png"),
-            progress_plot(configs, metric, meta.get("direction", "maximize") == "maximize", out / "progress.png")]
+    made = [curves_plot(configs, curves, out / "curves.png", objective),
+            params_plot(configs, meta.get("space", {}), metric, out / "params.png", objective),
+            progress_plot(configs, metric, meta.get("direction", "maximize") == "maximize", out / "progress.png",
+                          objective)]
     images = [p for p in made if p is not None]
     paths = {p.stem + "_png": p for p in images}
     paths["index"] = index_html(root, configs, images, best)

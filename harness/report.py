@@ -20,7 +20,7 @@ import pandas as pd
 
 from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, write_json
 from harness.space import label
-from harness.stats import bootstrap_ci, config_score, iqm
+from harness.stats import bootstrap_ci, config_score, describe_objective, iqm, paired_difference
 
 
 def _param_columns(params: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +44,7 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                     diverged=bool(diverged[s]) if diverged else False,
                     status=rec["status"]))
             finite = np.array([v for v in scores if np.isfinite(v)])
+            finals = np.array([v for v in (c.get("final_returns") or []) if v is not None], float)
             lo, hi = bootstrap_ci(finite)
             config_rows.append(dict(
                 config_id=cid, trial=rec["trial"], optuna_number=c["optuna_number"], status=rec["status"],
@@ -51,6 +52,7 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                 mean=finite.mean() if len(finite) else np.nan,
                 std=finite.std(ddof=1) if len(finite) > 1 else np.nan,
                 iqm=iqm(finite), ci_low=lo, ci_high=hi,
+                final_return=finals.mean() if len(finals) else np.nan,
                 diverged=any(diverged), pruned=bool(c.get("pruned"))))
         curve_parts.append(_curves_of(rec))
     configs = pd.DataFrame(config_rows)
@@ -63,10 +65,10 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 TIEBREAK = "train_auc"  # the secondary ranking metric, named in the reports
 
 
-def ranked_by(metric: str) -> str:
+def ranked_by(metric: str, objective: str = "final", threshold: float | None = None) -> str:
     """How configurations are ranked, in words (written to best.json)."""
-    return (f"evaluation return ({metric} over seeds); ties broken by {TIEBREAK}, the mean training "
-            "return over the whole run")
+    return (f"{describe_objective(objective, threshold)}, {metric} over seeds; ties broken by {TIEBREAK}, "
+            "the mean training return over the whole run")
 
 
 def rank(configs: pd.DataFrame, curves: pd.DataFrame, metric: str, maximize: bool) -> pd.DataFrame:
@@ -89,7 +91,7 @@ def rank(configs: pd.DataFrame, curves: pd.DataFrame, metric: str, maximize: boo
     return configs.sort_values(["rank", "config_id"], na_position="last").reset_index(drop=True)
 
 
-CURVE_COLUMNS = ["config_id", "seed", "env_steps", "episode_return"]
+CURVE_COLUMNS = ["config_id", "seed", "env_steps", "episode_return", "eval_return"]
 
 
 def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
@@ -98,13 +100,17 @@ def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
     points = rec.get("curves", [])
     if not points:
         return pd.DataFrame(columns=CURVE_COLUMNS)
-    returns = np.array([[[np.nan if v is None else v for v in row] for row in p["returns"]] for p in points],
-                       dtype=float)  # [K, C, S]
+    def grid(key: str) -> np.ndarray:  # [K, C, S]; NaN where missing (records made before evaluations)
+        return np.array([[[np.nan if v is None else v for v in row] for row in p[key]] if key in p
+                         else np.full(np.shape(p["returns"]), np.nan) for p in points], dtype=float)
+
+    returns, evals = grid("returns"), grid("evals")
     k, c, s = returns.shape
     ids = np.array([config_id(rec["trial"], i) for i in range(c)])
     steps = np.array([p["env_steps"] for p in points])
     return pd.DataFrame({"config_id": np.tile(np.repeat(ids, s), k), "seed": np.tile(np.arange(s), k * c),
-                         "env_steps": np.repeat(steps, c * s), "episode_return": returns.reshape(-1)})
+                         "env_steps": np.repeat(steps, c * s), "episode_return": returns.reshape(-1),
+                         "eval_return": evals.reshape(-1)})
 
 
 def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
@@ -112,6 +118,7 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
     meta = load_meta(root)
     final = load_final(root)
     maximize = meta.get("direction", "maximize") == "maximize"
+    how = ranked_by(meta.get("metric", "mean"), meta.get("objective", "final"), meta.get("threshold"))
     if final and final["configs"]:
         metric = meta.get("metric", "mean")
 
@@ -129,15 +136,68 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
                               ci95=[lo, hi], seeds=len(top["scores"] or []), scores=top["scores"],
                               diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
-            ranked_by=ranked_by(metric),
+            objective=meta.get("objective", "final"), ranked_by=how,
+            tuned_vs_default=tuned_vs_default(top, final.get("control"), metric, maximize),
             reproduce=dict(command=top.get("command"), plans=top.get("plans")),
             candidates=[c["config_id"] for c in final["configs"]])
     if not len(configs) or configs["rank"].isna().all():
         return None
     row = configs.iloc[0]
     return dict(study=meta["study"], config_id=row.config_id, search_score=float(row[meta.get("metric", "mean")]),
-                ranked_by=ranked_by(meta.get("metric", "mean")), reevaluation=None,
+                objective=meta.get("objective", "final"), ranked_by=how, reevaluation=None,
                 note="the study has not finished its re-evaluation yet")
+
+
+def tuned_vs_default(tuned: dict[str, Any], control: dict[str, Any] | None, metric: str,
+                     maximize: bool) -> dict[str, Any] | None:
+    """The tuned configuration against the control, both re-trained on the same fresh seeds:
+    each one's score (``metric`` over seeds) with a bootstrap 95% CI, and the paired
+    difference tuned - default with its 95% CI (seeds resampled in pairs). ``better`` says
+    whether the difference's CI excludes 0 in the study's direction."""
+    if not control or control.get("failed") or tuned.get("failed"):
+        return None
+
+    def side(c: dict[str, Any]) -> dict[str, Any]:
+        vals = np.array([np.nan if v is None else v for v in c["scores"]], float)
+        finite = vals[np.isfinite(vals)]
+        lo, hi = bootstrap_ci(finite)
+        return dict(config_id=c["config_id"], score=config_score(c["scores"], c["diverged"], metric),
+                    mean=float(finite.mean()) if len(finite) else None, ci95=[lo, hi],
+                    diverged=any(c["diverged"] or []))
+
+    a = [np.nan if v is None else v for v in tuned["scores"]]
+    b = [np.nan if v is None else v for v in control["scores"]]
+    diff, lo, hi = paired_difference(a, b)
+    sign = 1.0 if maximize else -1.0
+    paired = int(np.sum(np.isfinite(np.subtract(a, b))))
+    return dict(tuned=side(tuned), default=dict(side(control), params=control["params"]),
+                difference=dict(mean=diff, ci95=[lo, hi], paired_seeds=paired),
+                better=bool(np.isfinite(lo) and min(sign * lo, sign * hi) > 0),
+                ratio=_ratio(a, b))
+
+
+def _ratio(a: list[float], b: list[float]) -> float | None:
+    """mean(a) / mean(b) over their finite values; None unless mean(b) > 0."""
+    ma, mb = (np.mean([v for v in x if np.isfinite(v)]) if any(np.isfinite(x)) else np.nan for x in (a, b))
+    return float(ma / mb) if np.isfinite(ma) and np.isfinite(mb) and mb > 0 else None
+
+
+def final_table(root: Path, metric: str) -> pd.DataFrame:
+    """The re-training on fresh seeds: one row per re-trained configuration and the control."""
+    final = load_final(root)
+    rows = []
+    for role, c in [("tuned", c) for c in (final or {}).get("configs", [])] + (
+            [("default", final["control"])] if final and final.get("control") else []):
+        vals = np.array([v for v in c.get("scores") or [] if v is not None], float)
+        finals = np.array([v for v in c.get("final_returns") or [] if v is not None], float)
+        lo, hi = bootstrap_ci(vals)
+        rows.append(dict(config_id=c["config_id"], role=role, failed=bool(c.get("failed")),
+                         seeds=len(c.get("scores") or []), score=config_score(c.get("scores"), c.get("diverged"),
+                                                                              metric),
+                         mean=vals.mean() if len(vals) else np.nan, ci_low=lo, ci_high=hi,
+                         final_return=finals.mean() if len(finals) else np.nan,
+                         diverged=any(c.get("diverged") or []), **_param_columns(c.get("params", {}))))
+    return pd.DataFrame(rows)
 
 
 def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
@@ -155,6 +215,8 @@ def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
     out = root / "reports"
     out.mkdir(parents=True, exist_ok=True)
     tables_ = {"configs": configs, "seeds": seeds, **({"curves": curves} if plots else {})}
+    if load_final(root):
+        tables_["final"] = final_table(root, load_meta(root).get("metric", "mean"))
     paths = {name: out / f"{name}.csv" for name in tables_}
     for name, df in tables_.items():
         tmp = paths[name].with_suffix(".csv.tmp")

@@ -117,7 +117,8 @@ class BatchedOptunaSearcher(Searcher):
             config={**self.study.config, **static, "total_timesteps": self.timesteps},
             hparams=[{**self.study.hparams, **{k: float(v) for k, v in p.items()
                                                if k not in self.static_names}} for p in points],
-            trial=number, **self.plan_defaults)
+            trial=number, objective=self.study.objective, threshold=self.study.threshold,
+            curve_episodes=self.study.curve_episodes, **self.plan_defaults)
         self.live[trial_id] = (trials, points, plan)
         return {"plan": asdict(plan), "study": self.study.name, **self.extra}
 
@@ -125,7 +126,8 @@ class BatchedOptunaSearcher(Searcher):
         if "returns" in result and "chunk" in result:
             self.curves.setdefault(trial_id, {})[int(result["chunk"])] = {
                 "chunk": int(result["chunk"]), "env_steps": int(result["env_steps"]),
-                "returns": result["returns"]}
+                "returns": result["returns"],
+                **{k: result[k] for k in ("evals", "objective") if k in result}}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.live:
@@ -145,21 +147,22 @@ class BatchedOptunaSearcher(Searcher):
             rec: dict[str, Any] = {"index": i, "optuna_number": t.number, "params": p,
                                    "hparams": plan.hparams[i], "pruned": status == "pruned",
                                    "scores": result["scores"][i] if status == "complete" else None,
+                                   "final_returns": result["final_returns"][i]
+                                   if status == "complete" and "final_returns" in result else None,
                                    "diverged": (result.get("diverged") or [None] * len(trials))[i]}
-            if status == "pruned":
-                rec["last_return"] = config_score(result.get("returns", [[]] * len(trials))[i])
+            if status == "pruned":  # the objective at the rung where the scheduler stopped it
+                rec["last_value"] = config_score(result.get("objective", [[]] * len(trials))[i])
             configs.append(rec)
         by_chunk = self.curves.pop(trial_id, {})
         curves = [by_chunk[k] for k in sorted(by_chunk)]
         record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
+                  "objective": plan.objective, "threshold": plan.threshold,
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
                   "env_steps": int(result.get("env_steps", 0)),
                   **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error")
                      if k in result}}
         self.on_complete(record)
-        for t, c in zip(trials, configs, strict=True):
-            if c.get("last_return") is not None:  # pruned: TPE ranks it by how far it got
-                t.report(c["last_return"], step=len(curves))
+        report_intermediate(self.ostudy, trials, record)
         tell(self.ostudy, record)
 
     def fail_live(self) -> None:
@@ -174,6 +177,24 @@ class BatchedOptunaSearcher(Searcher):
 
     def restore(self, checkpoint_path: str) -> None:
         pass
+
+
+MAX_REPORTS = 50  # intermediate values per Optuna trial (evenly spaced chunks, the last included)
+
+
+def report_intermediate(ostudy: optuna.Study, trials: list[optuna.Trial], record: dict[str, Any]) -> None:
+    """Each configuration's objective after each chunk (at most ``MAX_REPORTS`` of them) as Optuna
+    intermediate values, step = env steps per seed: Optuna's pruners and optuna-dashboard see
+    the curves. ``trials`` are still running (told after this)."""
+    curves = [c for c in record["curves"] if c.get("objective") is not None]
+    if not curves:
+        return
+    picked = sorted({round(i * (len(curves) - 1) / max(MAX_REPORTS - 1, 1)) for i in range(MAX_REPORTS)})
+    for i, t in enumerate(trials):
+        for k in picked:  # a diverged seed's value is None: the others' mean is reported
+            value = config_score(curves[k]["objective"][i], None, record.get("metric", "mean"))
+            if value is not None:
+                t.report(value, step=int(curves[k]["env_steps"]))
 
 
 def config_value(config: dict[str, Any], metric: str = "mean") -> float | None:

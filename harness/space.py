@@ -93,12 +93,23 @@ class Study:
         space: searched names -> distributions (static fields or hyperparameters).
         hparams: hyperparameter values fixed for the whole study (not searched).
         cpu, gpu, smoke: budgets for a CPU machine, a GPU, and ``--smoke``.
-        top_k: configurations re-trained on fresh seeds at the end.
+        top_k: configurations re-trained on fresh seeds at the end, beside the default
+            configuration (the control).
         final_seeds: fresh seeds for that re-training (rounded up to a multiple of the budget's seeds).
         seed: the study seed every key is derived from.
-        metric: how a configuration's evaluation returns over its seeds become its score:
+        objective: what a run's value is, from the deterministic evaluation after every chunk:
+            ``final`` (the evaluation return after the last chunk), ``auc`` (the mean evaluation
+            return over the run's chunks: reaching a return sooner and keeping it scores higher)
+            or ``steps`` (env steps until the evaluation return reaches ``threshold``, censored
+            at the budget; minimized).
+        threshold: the return ``steps`` counts to.
+        curve_episodes: deterministic evaluation episodes per seed after every chunk.
+        metric: how a configuration's values over its seeds become its score:
             their ``mean`` or their interquartile mean ``iqm`` (robust to one odd seed).
-        direction: ``maximize`` the score (evaluation return).
+        direction: ``maximize`` or ``minimize`` the score; by default what the objective needs.
+        baseline: the control's values for searched names (static or traced); every other
+            searched name takes the algorithm's default. The control is re-trained with the
+            top configurations on the same fresh seeds, so the reports say what tuning gained.
     """
 
     name: str
@@ -114,8 +125,16 @@ class Study:
     top_k: int = 3
     final_seeds: int = 4
     seed: int = 0
+    objective: Literal["final", "auc", "steps"] = "final"
+    threshold: float | None = None
+    curve_episodes: int = 4
     metric: Literal["mean", "iqm"] = "mean"
-    direction: Literal["maximize", "minimize"] = "maximize"
+    direction: Literal["maximize", "minimize"] | None = None
+    baseline: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.direction is None:  # frozen: set once, here
+            object.__setattr__(self, "direction", "minimize" if self.objective == "steps" else "maximize")
 
     def static_names(self, config_fields: set[str]) -> list[str]:
         return [n for n in self.space if n in config_fields]
@@ -165,6 +184,22 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         raise StudyError(f"study {study.name}: metric must be 'mean' or 'iqm', got {study.metric!r}")
     if study.direction not in ("maximize", "minimize"):
         raise StudyError(f"study {study.name}: direction must be 'maximize' or 'minimize'")
+    if study.objective not in ("final", "auc", "steps"):
+        raise StudyError(f"study {study.name}: objective must be 'final', 'auc' or 'steps', "
+                         f"got {study.objective!r}")
+    if study.objective == "steps" and study.threshold is None:
+        raise StudyError(f"study {study.name}: objective 'steps' needs a threshold (the return to reach)")
+    if study.direction != ("minimize" if study.objective == "steps" else "maximize"):
+        raise StudyError(f"study {study.name}: objective {study.objective!r} is "
+                         f"{'minimized' if study.objective == 'steps' else 'maximized'}; "
+                         f"direction={study.direction!r} contradicts it (leave direction out)")
+    if study.curve_episodes < (0 if study.objective == "final" else 1):
+        raise StudyError(f"study {study.name}: curve_episodes must be >= 1 for objective {study.objective!r}, "
+                         f"got {study.curve_episodes}")
+    for name in study.baseline:
+        if name not in study.space:
+            raise StudyError(f"study {study.name}: baseline sets {name!r}, which is not searched; "
+                             f"searched: {', '.join(study.space)}")
     for name in study.hparams:
         if name not in hp_fields:
             raise StudyError(f"study {study.name}: {name!r} is a static config field; put it in config")
@@ -178,7 +213,8 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         if name in hp_fields and isinstance(dist, Categorical) and not all(
                 isinstance(c, int | float) and math.isfinite(c) for c in dist.choices):
             raise StudyError(f"study {study.name}: hyperparameter {name} must have numeric choices")
-    for point in static_points(study, config_fields):
+    control = {n: study.baseline[n] for n in study.static_names(config_fields) if n in study.baseline}
+    for point in [*static_points(study, config_fields), control]:
         try:
             config_cls(**{**study.config, **point, "total_timesteps": timesteps})
         except (ValueError, TypeError) as err:

@@ -30,6 +30,7 @@ from harness.space import Budget, Study, StudyError, label
 
 # Budget options that must stay the same when a study is resumed (trials may grow).
 _FIXED = ("configs_per_trial", "seeds", "timesteps")
+CONTROL = "default"  # the control's id in final.json and the reports
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -147,6 +148,7 @@ class Runner:
         from harness import cluster
         from harness.placement import parse_bytes
         from harness.space import validate
+        from harness.stats import describe_objective
 
         meta = self._prepare_folder()
         # Fail fast, before Ray starts: the budget's values and the search space at its size.
@@ -162,6 +164,7 @@ class Runner:
             if meta is None:
                 meta = {"study": self.study.name, "env": self.study.env, "algo": self.study.algo,
                         "direction": self.study.direction, "metric": self.study.metric,
+                        "objective": self.study.objective, "threshold": self.study.threshold,
                         "seed": self.study.seed,
                         "budget": dataclasses.asdict(budget), "smoke": self.args.smoke,
                         "created": datetime.datetime.now().isoformat(timespec="seconds")}
@@ -172,6 +175,8 @@ class Runner:
             print(f"study {self.study.name}: {budget.trials} trials x {budget.configs_per_trial} configs x "
                   f"{budget.seeds} seeds x {budget.timesteps:,} steps on {place.kind} "
                   f"({place.slots} trials at a time)")
+            print(f"objective: {describe_objective(self.study.objective, self.study.threshold)}; "
+                  f"{self.study.metric} over seeds, {self.study.direction}d")
             print(f"results: {self.root}")
             if dashboard:
                 print(f"Ray dashboard: {dashboard} (token: `ray get-auth-token`; trials are the actors "
@@ -329,8 +334,9 @@ class Runner:
         from harness.search import config_value
 
         values = [v for c in record["configs"] if (v := config_value(c, self.study.metric)) is not None]
+        pick = max if self.study.direction == "maximize" else min
         what = {"complete": f"best of its {len(record['configs'])} configs "
-                            f"{max(values):.1f}" if values else "all configs diverged",
+                            f"{pick(values):.1f}" if values else "all configs diverged",
                 "pruned": "stopped early by ASHA",
                 "failed": "FAILED" + (f": {record['error']}" if record.get("error") else "")}[record["status"]]
         best = ""
@@ -348,8 +354,33 @@ class Runner:
                 self.best = (v, config_id(record["trial"], c["index"]), c["params"])
 
     # -- the end ------------------------------------------------------------------------------
+    def control(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+        """The default configuration (the control): its values for the searched names (the
+        study's ``baseline``, else the algorithm's defaults), static config and hyperparameters."""
+        import json
+
+        statics = set(self.study.static_names(self.config_fields))
+        config_defaults = {f.name: f.default for f in dataclasses.fields(self.spec.config_cls)}
+        hp_defaults = self.spec.hparams_cls.default()
+        params: dict[str, Any] = {}
+        for name in self.study.space:
+            if name in self.study.baseline:
+                params[name] = self.study.baseline[name]
+            elif name in statics:
+                params[name] = self.study.config.get(name, config_defaults[name])
+            else:
+                params[name] = self.study.hparams.get(name, float(f"{float(getattr(hp_defaults, name)):.7g}"))
+        static = json.loads(json.dumps({**self.study.config, **{n: params[n] for n in statics},
+                                        "total_timesteps": self.budget.timesteps}))
+        hparams = {**self.study.hparams, **{n: float(v) for n, v in params.items() if n not in statics}}
+        return params, static, hparams
+
     def _final(self) -> None:
-        """Re-trains the top-k configurations on fresh seeds (once per set of recorded trials)."""
+        """Re-trains the top-k configurations and the default one (the control) on fresh seeds
+        (once per set of recorded trials). Round r of every kernel uses the same keys, so each
+        configuration and the control train and evaluate on the same seeds (common random
+        numbers) and their differences are paired."""
+        import json
         import statistics
 
         from harness import report
@@ -369,9 +400,12 @@ class Runner:
             print("no configuration finished without diverging; nothing to re-evaluate")
             return
         by_id = {config_id(r["trial"], c["index"]): (r, c) for r in records for c in r["configs"]}
+        entries = {cid: (by_id[cid][1]["params"], by_id[cid][0]["static"], by_id[cid][1]["hparams"])
+                   for cid in top["config_id"]}
+        entries[CONTROL] = self.control()
         groups: dict[str, list[str]] = {}
-        for cid in top["config_id"]:
-            groups.setdefault(repr(sorted(by_id[cid][0]["static"].items())), []).append(cid)
+        for cid, (_, static, _) in entries.items():
+            groups.setdefault(json.dumps(static, sort_keys=True), []).append(cid)
         # S seeds per round, ceil(final_seeds / S) rounds of fresh seeds; as wide as the search
         # (its kernels are compiled) or as narrow as the group, whichever costs less
         # (harness.placement.final_width, from the search trials' own timings).
@@ -379,7 +413,7 @@ class Runner:
         rounds = -(-self.study.final_seeds // seeds)
         plans, members = [], []
         for ids in groups.values():
-            static = by_id[ids[0]][0]["static"]
+            static = entries[ids[0]][1]
             timed = [r for r in records if r["static"] == static and r["status"] == "complete"
                      and "kernel_seconds" in r and "compile_seconds" in r]
             c = final_width(len(ids), self.budget.configs_per_trial, rounds=rounds,
@@ -387,33 +421,39 @@ class Runner:
                             compile_s=max(r["compile_seconds"] for r in timed) if timed else None)
             for start in range(0, len(ids), c):
                 batch = ids[start:start + c]
-                hps = [by_id[i][1]["hparams"] for i in batch]
-                for _ in range(rounds):
-                    plans.append(TrialPlan(env=self.study.env, algo=self.study.algo,
-                                           config=by_id[batch[0]][0]["static"],
+                hps = [entries[i][2] for i in batch]
+                for r in range(rounds):
+                    plans.append(TrialPlan(env=self.study.env, algo=self.study.algo, config=static,
                                            hparams=hps + [hps[0]] * (c - len(hps)), seeds=seeds,
-                                           trial=len(plans), study_seed=self.study.seed, stream=FINAL))
+                                           trial=r, study_seed=self.study.seed, stream=FINAL,
+                                           objective=self.study.objective, threshold=self.study.threshold,
+                                           curve_episodes=self.study.curve_episodes))
                     members.append(batch)
-        print(f"re-training the top {len(top)} configurations on {rounds * seeds} fresh seeds "
-              f"({len(plans)} kernels of {len(plans[0].hparams)} configs x {seeds} seeds) ...", flush=True)
+        print(f"re-training the top {len(top)} configurations and the default one on {rounds * seeds} fresh "
+              f"seeds ({len(plans)} kernels, {', '.join(sorted({str(len(p.hparams)) for p in plans}))} configs "
+              f"x {seeds} seeds) ...", flush=True)
         results = self._run_plans(plans)
-        runs: dict[str, list] = {cid: [] for cid in top["config_id"]}
+        runs: dict[str, list] = {cid: [] for cid in entries}
         for plan, batch, res in zip(plans, members, results, strict=True):
             for i, cid in enumerate(batch):
                 runs[cid].append((plan, i, res))
-        out = []
+        out = {}
         for cid, parts in runs.items():
-            rec, conf = by_id[cid]
+            params, static, hparams = entries[cid]
             failed = any(res is None for _, _, res in parts)
-            out.append({"config_id": cid, "params": conf["params"], "hparams": conf["hparams"],
-                        "static": rec["static"], "failed": failed,
-                        "scores": None if failed else [v for _, i, res in parts for v in res["scores"][i]],
-                        "diverged": None if failed else [v for _, i, res in parts for v in res["diverged"][i]],
+
+            def joined(key: str, parts: list = parts, failed: bool = failed) -> list | None:
+                return None if failed else [v for _, i, res in parts for v in res.get(key, res["scores"])[i]]
+            out[cid] = {"config_id": cid, "params": params, "hparams": hparams, "static": static,
+                        "failed": failed, "scores": joined("scores"), "final_returns": joined("final_returns"),
+                        "diverged": joined("diverged"),
                         "plans": [{"plan": dataclasses.asdict(plan), "config_index": i} for plan, i, _ in parts],
-                        "command": self._train_command(rec["static"], conf["hparams"], rounds * seeds)})
-            if not failed:
-                self._keep_checkpoints(cid, rec["static"], conf["hparams"], parts)
-        write_json(self.root / "final.json", {"trials": numbers, "configs": out})
+                        "command": self._train_command(static, hparams, rounds * seeds)}
+            if not failed and cid != CONTROL:
+                self._keep_checkpoints(cid, static, hparams, parts)
+        control = out.pop(CONTROL)
+        write_json(self.root / "final.json", {"trials": numbers, "configs": list(out.values()), "control": control,
+                                              "objective": self.study.objective})
 
     def _keep_checkpoints(self, cid: str, static: dict, hparams: dict, parts: list) -> None:
         """Copies the re-trained policies of ``cid`` to ``checkpoints/<cid>/seed_K.msgpack`` with
@@ -438,6 +478,8 @@ class Runner:
                                             "seeds": seeds})
 
     def _run_plans(self, plans: list[Any]) -> list[dict[str, Any] | None]:
+        """Runs each plan as a Tune trial; the last result of each (None where it failed)."""
+        import json
         from dataclasses import asdict
 
         from ray import tune
@@ -455,12 +497,12 @@ class Runner:
                                       failure_config=tune.FailureConfig(max_failures=2),
                                       checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True)))
         grid = tuner.fit()
-        out: list[dict[str, Any] | None] = [None] * len(plans)
+        done = {}
         for r in grid:
             if r.error is None and r.metrics.get("final"):
-                trial = r.config["plan"]["trial"]
-                out[trial] = {**r.metrics, "checkpoint": r.checkpoint.path if r.checkpoint else ""}
-        return out
+                done[json.dumps(r.config["plan"], sort_keys=True)] = {
+                    **r.metrics, "checkpoint": r.checkpoint.path if r.checkpoint else ""}
+        return [done.get(json.dumps(asdict(p), sort_keys=True)) for p in plans]
 
     def _train_command(self, static: dict[str, Any], hparams: dict[str, float], seeds: int) -> str:
         sets = [f"{k}={label(tuple(v) if isinstance(v, list) else v)}" for k, v in static.items()
@@ -485,7 +527,24 @@ class Runner:
                       f"{b['search_score']:.1f}")
                 print(f"  {_fmt(b['params'])}")
                 print(f"  reproduce: {b['reproduce']['command']}")
+            if b.get("tuned_vs_default"):
+                print(tuned_vs_default_line(b["tuned_vs_default"], b.get("objective", "final")))
         print(f"reports: {paths['configs'].parent}/ ({', '.join(p.name for p in paths.values())})")
+
+
+def tuned_vs_default_line(t: dict[str, Any], objective: str) -> str:
+    """One line: tuned vs default on the same fresh seeds, CIs and the paired difference."""
+    def side(x: dict[str, Any]) -> str:
+        if x.get("mean") is None:
+            return "no score" + (" (diverged)" if x.get("diverged") else "")
+        return f"{x['mean']:.1f} (95% CI {x['ci95'][0]:.1f}..{x['ci95'][1]:.1f})"
+
+    d = t["difference"]
+    diff = ("no paired seeds" if d["mean"] is None else
+            f"paired difference {d['mean']:+.1f} (95% CI {d['ci95'][0]:+.1f}..{d['ci95'][1]:+.1f}) over "
+            f"{d['paired_seeds']} seeds")
+    verdict = "tuning helps" if t["better"] else "no clear gain from tuning"
+    return f"tuned vs default ({objective}): {side(t['tuned'])} vs {side(t['default'])}; {diff}: {verdict}"
 
 
 def _kind(dist: Any) -> str:

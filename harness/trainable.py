@@ -90,12 +90,14 @@ def _floats(rows: Any) -> list[list[float | None]]:
     return [[None if not math.isfinite(float(x)) else float(x) for x in row] for row in rows]
 
 
-def _best(rows: list[list[float | None]], diverged: list[list[bool]]) -> float:
+def _best(rows: list[list[float | None]], diverged: list[list[bool]], maximize: bool = True) -> float:
     """The best configuration's mean over seeds (what Tune and ASHA see); NaN if none has one."""
     from harness.stats import config_score
 
     means = [m for row, div in zip(rows, diverged, strict=True) if (m := config_score(row, div)) is not None]
-    return max(means) if means else float("nan")
+    if not means:
+        return float("nan")
+    return max(means) if maximize else min(means)
 
 
 class _Watchdog:
@@ -137,7 +139,7 @@ def _export(study: str, trial: int, values: dict[str, list[float | None]], sps: 
 
     if not _GAUGES:
         for name, desc in (("return", "mean training episode return over seeds, last chunk"),
-                           ("score", "mean deterministic evaluation return over seeds"),
+                           ("score", "score under the study's objective, mean over seeds"),
                            ("env_steps", "env steps per seed so far"), ("diverged", "1 if any seed diverged"),
                            ("steps_per_sec", "env steps per second of the whole trial kernel")):
             _GAUGES[name] = Gauge(f"rl_harness_{name}", description=desc, tag_keys=("study", "trial", "config"))
@@ -209,7 +211,7 @@ class StudyTrial(tune.Trainable):
 
     def step(self) -> dict[str, Any]:
         from harness.kernel import OutOfMemory
-        from harness.stats import config_score
+        from harness.stats import config_score, maximized
 
         if self.oom is None:
             self.watchdog.busy()
@@ -222,22 +224,25 @@ class StudyTrial(tune.Trainable):
             return {"done": True, "error": self.oom, "score": float("nan")}
         _maybe_crash(self.plan, r.chunk)
         returns, diverged = _floats(r.returns), r.diverged.tolist()
-        self.last.update(env_steps=r.env_steps, returns=returns, diverged=diverged,
-                         steps_per_sec=r.steps_per_sec, kernel_seconds=r.kernel_seconds,
+        so_far = _floats(self.runner.objective_so_far())  # the objective at this rung, per run
+        self.last.update(env_steps=r.env_steps, returns=returns, evals=_floats(r.evals), objective=so_far,
+                         diverged=diverged, steps_per_sec=r.steps_per_sec, kernel_seconds=r.kernel_seconds,
                          chunk=r.chunk, num_chunks=r.num_chunks)
         per_config = {"return": [config_score(row) for row in returns],
                       "env_steps": [float(r.env_steps)] * len(returns),
                       "diverged": [float(any(d)) for d in diverged]}
+        maximize = maximized(self.plan.objective)
         if not self.runner.done:  # the last chunk is reported with the evaluation
             _export(self.study_name, self.plan.trial, per_config, r.steps_per_sec)
             self.watchdog.idle()
-            return {"score": _best(returns, diverged), **self.last}
+            return {"score": _best(so_far, diverged, maximize), **self.last}
         result = self.runner.finish()
         self.watchdog.idle()
         scores, diverged = _floats(result.scores), result.diverged.tolist()
         _export(self.study_name, self.plan.trial, {**per_config, "score": [config_score(row) for row in scores]},
                 r.steps_per_sec)
-        return {**self.last, "score": _best(scores, diverged), "scores": scores, "diverged": diverged,
+        return {**self.last, "score": _best(scores, diverged, maximize), "scores": scores,
+                "final_returns": _floats(result.final_returns), "diverged": diverged,
                 "final": True, "done": True, "compile_seconds": result.compile_seconds,
                 "kernel_seconds": result.kernel_seconds, "trial_seconds": time.perf_counter() - self.started}
 

@@ -7,6 +7,7 @@ STUDY = Study(
     name="cartpole_sac",
     description="SAC on ContinuousCartPole-v1: learning rates, gamma, tau, entropy target; batch size",
     env="ContinuousCartPole-v1",
+    objective="auc",  # final return saturates at 500: rank by how soon it gets there and stays
     algo="sac",
     config=dict(hidden=(64, 64), num_envs=4, updates_per_step=1, steps_per_chunk=500),
     space=dict(

@@ -58,13 +58,13 @@ def _oom_above(monkeypatch, widest):
     def compiled(*args):
         init, chunk, evaluate, algo = real(*args)
 
-        def tight_chunk(state, hp):
+        def tight_chunk(state, hp, *rest):
             width = jax.tree.leaves(hp)[0].shape[0]
             widths.append(width)
             if width > widest:
                 raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
                                                  "39.08GiB")
-            return chunk(state, hp)
+            return chunk(state, hp, *rest)
         return init, tight_chunk, evaluate, algo
 
     monkeypatch.setattr(kernel, "_compiled", compiled)
@@ -94,7 +94,7 @@ def test_runner__other_errors_are_not_taken_for_out_of_memory(monkeypatch):
     def compiled(*args):
         init, _, evaluate, algo = real(*args)
 
-        def broken(state, hp):
+        def broken(state, hp, *rest):
             raise jax.errors.JaxRuntimeError("INTERNAL: something else")
         return init, broken, evaluate, algo
 
