@@ -124,25 +124,30 @@ def evaluate_policy(
     """Runs ``num_episodes`` episodes in parallel with the deterministic policy
     ``act(obs [N, ...], mask [N, A] or None)``; ``mask`` is the env's action mask, if it has one.
 
-    Each environment plays exactly one episode (at most ``env_params.max_steps`` steps).
+    Each environment plays exactly one episode (at most ``env_params.max_steps`` steps). The
+    loop stops once every episode has ended (a ``while_loop``: vmapped, once every lane's have),
+    so evaluating a policy whose episodes are short costs only as many steps as they last.
     """
     reset_keys = jax.random.split(jax.random.fold_in(key, 0), num_episodes)
     obs, state = jax.vmap(env.reset, (0, None))(reset_keys, env_params)
     step = jax.vmap(env.step, (0, 0, 0, None))
     masks = jax.vmap(env.action_mask, (0, None))
+    step_key = jax.random.fold_in(key, 1)
 
-    def body(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
-        obs, state, ret, length, active = carry
+    def body(carry: tuple) -> tuple:
+        t, obs, state, ret, length, active = carry
         action = act(obs, masks(state, env_params))
-        s = step(jax.random.split(k, num_episodes), state, action, env_params)
+        s = step(jax.random.split(jax.random.fold_in(step_key, t), num_episodes), state, action, env_params)
         ret = ret + jnp.where(active, s.reward, 0.0)
         length = length + active.astype(jnp.int32)
-        return (s.obs, s.state, ret, length, active & ~s.done), None
+        return t + 1, s.obs, s.state, ret, length, active & ~s.done
 
-    init = (obs, state, jnp.zeros(num_episodes), jnp.zeros(num_episodes, jnp.int32),
+    def running(carry: tuple) -> jax.Array:
+        return (carry[0] < env_params.max_steps) & jnp.any(carry[-1])
+
+    init = (jnp.int32(0), obs, state, jnp.zeros(num_episodes), jnp.zeros(num_episodes, jnp.int32),
             jnp.ones(num_episodes, jnp.bool_))
-    keys = jax.random.split(jax.random.fold_in(key, 1), env_params.max_steps)
-    (_, _, ret, length, _), _ = jax.lax.scan(body, init, keys)
+    _, _, _, ret, length, _ = jax.lax.while_loop(running, body, init)
     return EvalMetrics(jnp.mean(ret), ret, length)
 
 

@@ -24,6 +24,8 @@ TINY = {
     "profile_ppo.py": (["--updates", "2"], "sum"),
     "report_scale.py": (["--trials", "2", "--configs", "12", "--seeds", "2", "--chunks", "3"],
                         "ratio tensorboard before/now:"),
+    "eval_overhead.py": (["--studies", "cartpole_ppo", "--chunks", "1"],
+                         "ratio kernel time evaluated/train-only:"),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1"], "ratio evals/min us/naive:"),
 }

@@ -259,3 +259,19 @@ def test_summary__tuned_vs_default_line_says_whether_tuning_helped():
     line = tuned_vs_default_line(t, "auc")
     assert line == ("tuned vs default (auc): 480.0 (95% CI 470.0..490.0) vs 300.0 (95% CI 250.0..350.0); "
                     "paired difference +180.0 (95% CI +120.0..+230.0) over 6 seeds: tuning helps")
+
+
+def test_readme__study_file_example_loads_and_validates(tmp_path):
+    import re
+    from pathlib import Path
+
+    import studies
+    from algos.ppo import PPOConfig, PPOHParams
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = re.search(r"```python\n(from harness.space import .*?STUDY = Study\(.*?)```", readme, re.S)[1]
+    (tmp_path / "my_study.py").write_text(code)
+    study = studies.get(str(tmp_path / "my_study.py"))
+    assert study.objective == "steps" and study.direction == "minimize" and study.baseline == {"lr": 1e-3}
+    for budget in (study.cpu, study.gpu, study.smoke):
+        validate(study, PPOConfig, PPOHParams, timesteps=budget.timesteps)
