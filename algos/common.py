@@ -98,7 +98,9 @@ class Algo(NamedTuple):
     ``evaluate(state, key, num_episodes=None) -> EvalMetrics`` (``num_episodes`` is static: the
     config's ``eval_episodes`` when None); ``act(policy_params, obs, mask=None) -> env action``
     (the deterministic policy; ``mask`` is the env's action mask where it has one);
-    ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps).
+    ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps);
+    ``learner_fields``: the state's fields that make up the learner (networks, optimizer states,
+    the divergence flag), what population-based training copies between configurations.
     """
 
     init: Callable[..., Any]
@@ -106,6 +108,7 @@ class Algo(NamedTuple):
     evaluate: Callable[..., Any]
     act: Callable[..., Any]
     policy_params: Callable[..., Any]
+    learner_fields: tuple[str, ...] = ()
 
 
 class EvalMetrics(NamedTuple):

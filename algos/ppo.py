@@ -301,5 +301,5 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         return evaluate_policy(env, env_params, lambda o, m: act(state.params, o, m), key,
                                num_episodes or config.eval_episodes)
 
-    return Algo(init, chunk, evaluate, act, lambda state: state.params)
+    return Algo(init, chunk, evaluate, act, lambda state: state.params, ("params", "opt_state", "diverged"))
 

@@ -240,4 +240,6 @@ def make(config: SACConfig, env: Environment, env_params: Any) -> Algo:
         return evaluate_policy(env, env_params, lambda o, m: act(state.actor, o), key,
                                num_episodes or config.eval_episodes)
 
-    return Algo(init, chunk, evaluate, act, lambda state: state.actor)
+    return Algo(init, chunk, evaluate, act, lambda state: state.actor,
+                ("actor", "critic", "target_critic", "log_alpha", "actor_opt", "critic_opt", "alpha_opt",
+                 "diverged"))

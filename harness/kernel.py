@@ -22,6 +22,7 @@ from harness.stats import OBJECTIVES, objective_values
 # re-training of the best configurations uses streams of its own (fresh seeds).
 SEARCH, FINAL = 0, 1
 CURVE_TAG = 7919  # evaluation after chunk k uses fold_in(fold_in(eval key, CURVE_TAG), k)
+PBT_TAG = 104729  # the exploit/explore step after chunk k uses fold_in(fold_in(trial key, PBT_TAG), k)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ class TrialPlan:
     objective: str = "final"  # what a run's score is (harness.stats.objective_values)
     threshold: float | None = None  # for objective "steps"
     curve_episodes: int = 4  # deterministic evaluation episodes per seed after every chunk (0: none)
+    # population-based training across the C configurations: {"interval": chunks, "fraction",
+    # "perturb", "bounds": [[name, low, high, log], ...]} (algos.pbt); None: none
+    pbt: dict[str, Any] | None = None
+    # hyperparameters changed between chunks (a PBT lineage replayed): [{"chunk": k, "hparams":
+    # [C dicts]}], each applied after chunk k; None: fixed
+    schedule: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -53,6 +60,7 @@ class ChunkReport:
     diverged: np.ndarray  # [C, S] bool, sticky
     steps_per_sec: float  # all C x S runs together, this chunk
     kernel_seconds: float  # time spent in compiled chunks so far (compile excluded)
+    pbt: dict[str, Any] | None = None  # the exploit/explore step after this chunk: source, hparams
 
 
 @dataclass
@@ -64,6 +72,7 @@ class TrialResult:
     kernel_seconds: float
     compile_seconds: float
     curves: list[ChunkReport] = field(default_factory=list)
+    final_hparams: list[dict[str, float]] = field(default_factory=list)  # after PBT or a schedule
 
 
 def keys_for(plan: TrialPlan) -> tuple[Any, Any]:
@@ -118,6 +127,30 @@ def _compiled(env_name: str, algo_name: str, config: Any,
 
     return (jax.jit(algos.batched(algo.init)), jax.jit(chunk, donate_argnums=0),
             jax.jit(algos.batched(algo.evaluate, hparams_argnum=None)), algo)
+
+
+@functools.lru_cache(maxsize=16)
+def _exploiter(env_name: str, algo_name: str, config: Any, pbt: Any) -> Callable:
+    """Jitted ``exploit(state, hparams, key, fitness [C]) -> (state, hparams, source [C])``
+    (``algos.pbt.exploit_explore``) for ``pbt``, an ``algos.pbt.PBTConfig``; state donated."""
+    import jax
+
+    from algos.pbt import exploit_explore
+
+    fields = _compiled(env_name, algo_name, config)[3].learner_fields
+
+    def exploit(state: Any, hp: Any, key: Any, fitness: Any) -> Any:
+        return exploit_explore(key, state, hp, fitness, config=pbt, learner_fields=fields)
+
+    return jax.jit(exploit, donate_argnums=0)
+
+
+def pbt_config(spec: dict[str, Any]) -> Any:
+    """A plan's ``pbt`` entry as an ``algos.pbt.PBTConfig`` (hashable: one compile per setting)."""
+    from algos.pbt import Bound, PBTConfig
+
+    return PBTConfig(bounds=tuple(Bound(*b) for b in spec["bounds"]), fraction=spec.get("fraction", 0.25),
+                     perturb=spec.get("perturb", "multiply"), factors=tuple(spec.get("factors", (0.8, 1.25))))
 
 
 def build_config(algo_name: str, config: dict[str, Any]) -> Any:
@@ -179,6 +212,19 @@ class TrialRunner:
                                                                         plan.curve_episodes)
         self.train_keys, self.eval_keys = keys_for(plan)
         self.budget_steps = self.config.env_steps_after(self.config.num_chunks)
+        self.hparams = [dict(h) for h in plan.hparams]  # in effect now (PBT and schedules change them)
+        self.schedule = {int(e["chunk"]): e["hparams"] for e in plan.schedule or []}
+        self._exploit = None
+        if plan.pbt:
+            import jax
+
+            if (config_batch or len(plan.hparams)) < len(plan.hparams):
+                raise ValueError("population-based training needs the whole population in one kernel; "
+                                 f"{len(plan.hparams)} configurations do not run as one batch here")
+            self.pbt = pbt_config(plan.pbt)
+            self._exploit = _exploiter(plan.env, plan.algo, self.config, self.pbt)
+            self.pbt_key = jax.random.fold_in(jax.random.fold_in(
+                jax.random.fold_in(jax.random.key(plan.study_seed), plan.trial), plan.stream), PBT_TAG)
         self.configs = len(plan.hparams)
         self.runs = self.configs * plan.seeds
         self.compile_s, self.kernel_s, self.steps = 0.0, 0.0, 0
@@ -191,6 +237,7 @@ class TrialRunner:
         import jax
 
         self.batch, self.groups, self.hps, self.states, self.group_eval_keys = batch, [], [], [], []
+        self.hparams = [dict(h) for h in self.plan.hparams]
         t0 = time.perf_counter()
         try:
             for idx in config_groups(self.configs, batch):
@@ -211,7 +258,7 @@ class TrialRunner:
         if not is_out_of_memory(err):
             raise err
         self.states = []  # free the device memory before trying a narrower shape
-        if self.batch == 1:
+        if self.batch == 1 or self._exploit is not None:
             raise OutOfMemory(
                 f"{self.plan.env}/{self.plan.algo} trial {self.plan.trial}: one configuration x "
                 f"{self.plan.seeds} seeds does not fit in device memory; lower seeds, num_envs or "
@@ -227,8 +274,35 @@ class TrialRunner:
         for g in range(len(self.groups)):  # every sub-batch is dispatched before any is waited on
             self.states[g], m, ev = self._chunk(self.states[g], self.hps[g], self.group_eval_keys[g], k)
             out.append((m, ev))
+        if k + 1 in self.schedule:  # new hyperparameters from the next chunk on
+            self._set_hparams([{**h, **new} for h, new in zip(self.hparams, self.schedule[k + 1], strict=True)])
         parts = [_first(o, len(idx)) for o, idx in zip(jax.device_get(out), self.groups, strict=True)]
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+
+    def _set_hparams(self, hparams: list[dict[str, float]]) -> None:
+        """Every configuration's hyperparameters from now on (traced values: no recompile)."""
+        self.hparams = hparams
+        for g, idx in enumerate(self.groups):
+            padded = idx + [idx[0]] * (self.batch - len(idx))
+            self.hps[g] = _stack_hparams(self.plan.algo, [hparams[i] for i in padded])
+
+    def _exploit_explore(self, k: int) -> dict[str, Any]:
+        """After chunk ``k``: the population's exploit/explore step, on the device. Fitness is each
+        configuration's mean evaluation return over the last ``interval`` chunks and its seeds
+        (NaN, ranked last, where a seed diverged)."""
+        import jax
+
+        interval = int(self.plan.pbt["interval"])
+        recent = np.stack([r.evals for r in self.curves[-interval:]])  # [interval, C, S]
+        fitness = np.where(self.curves[-1].diverged.any(-1), np.nan, recent.mean(axis=(0, 2)))
+        key = jax.random.fold_in(self.pbt_key, k)
+        self.states[0], self.hps[0], source = self._exploit(self.states[0], self.hps[0], key,
+                                                            np.asarray(fitness, np.float32))
+        values = jax.device_get(self.hps[0])
+        self.hparams = [{n: float(getattr(values, n)[i]) for n in self.plan.hparams[i]}
+                        for i in range(self.configs)]
+        return {"chunk": k, "source": [int(s) for s in np.asarray(source)], "fitness": fitness.tolist(),
+                "hparams": self.hparams}
 
     @property
     def done(self) -> bool:
@@ -255,6 +329,8 @@ class TrialRunner:
             steps_per_sec=(new_steps - self.steps) * self.runs / max(dt, 1e-9), kernel_seconds=self.kernel_s)
         self.steps = new_steps
         self.curves.append(report)
+        if self._exploit is not None and report.chunk % int(self.plan.pbt["interval"]) == 0 and not self.done:
+            report.pbt = self._exploit_explore(report.chunk)
         return report
 
     def _gather(self, leaves_of: Callable[[Any], Any]) -> Any:
@@ -292,7 +368,7 @@ class TrialRunner:
         diverged = self._gather(lambda st: st.diverged).astype(bool)
         final = np.where(diverged, np.nan, np.concatenate(returns))
         return TrialResult(np.where(diverged, np.nan, self._objective(final)), final, diverged, self.steps,
-                           self.kernel_s, self.compile_s, self.curves)
+                           self.kernel_s, self.compile_s, self.curves, self.hparams)
 
 
 def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = None, *,

@@ -1,0 +1,125 @@
+"""Population-based training inside the kernel: exploit copies learner state bit for bit,
+explore perturbs within bounds, nothing recompiles between exploits, runs are reproducible, and a
+lineage's hyperparameter schedule can be replayed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import algos
+import envs
+from algos import ppo
+from algos.pbt import Bound, PBTConfig, exploit_explore
+from harness.kernel import TrialPlan, TrialRunner, run_trial
+
+BOUNDS = (Bound("lr", 1e-4, 3e-3, True), Bound("ent_coef", 0.0, 0.05))
+C, S = 8, 2
+
+
+def _population():
+    env, params = envs.make("CartPole-v1")
+    algo = ppo.make(ppo.PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1,
+                                  updates_per_chunk=1, hidden=(8,)), env, params)
+    hp = jax.tree.map(lambda *x: jnp.stack(x), *[ppo.PPOHParams.default(lr=1e-3 + 1e-4 * i, ent_coef=0.01)
+                                                  for i in range(C)])
+    keys = jax.random.split(jax.random.key(0), C * S).reshape(C, S)
+    state = jax.jit(algos.batched(algo.init))(keys, hp)
+    state, _ = jax.jit(algos.batched(algo.chunk))(state, hp)
+    return algo, state, hp
+
+
+@pytest.mark.parametrize("perturb", ["multiply", "resample"])
+def test_exploit__worst_copy_learner_state_of_the_best_bit_for_bit_then_perturb(perturb):
+    algo, state, hp = _population()
+    fitness = jnp.array([5.0, 1.0, 7.0, jnp.nan, 3.0, 8.0, 2.0, 6.0])  # worst two: 3 (NaN) and 1
+    config = PBTConfig(bounds=BOUNDS, fraction=0.25, perturb=perturb)
+    new, new_hp, source = jax.jit(lambda s, h, k, f: exploit_explore(
+        k, s, h, f, config=config, learner_fields=algo.learner_fields))(state, hp, jax.random.key(3), fitness)
+    source = np.asarray(source)
+    replaced = [i for i in range(C) if source[i] != i]
+    assert sorted(replaced) == [1, 3] and set(source[replaced]) <= {5, 2}  # copied from the best two
+    for i in range(C):
+        for f in algo.learner_fields:  # network, optimizer, divergence flag: the source's, bit for bit
+            for a, b in zip(jax.tree.leaves(getattr(new, f)), jax.tree.leaves(getattr(state, f)), strict=True):
+                np.testing.assert_array_equal(np.asarray(a)[i], np.asarray(b)[source[i]])
+    # its own environments and keys: a copy does not replay its source's episodes
+    for a, b in zip(jax.tree.leaves((new.env_state, new.obs)), jax.tree.leaves((state.env_state, state.obs)),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(jax.random.key_data(new.key), jax.random.key_data(state.key))
+    lr, old_lr = np.asarray(new_hp.lr), np.asarray(hp.lr)
+    for i in range(C):
+        if i in replaced:
+            assert 1e-4 <= lr[i] <= 3e-3 and lr[i] != old_lr[source[i]]
+            if perturb == "multiply":
+                assert lr[i] / old_lr[source[i]] == pytest.approx(0.8, rel=1e-5) or lr[i] / old_lr[
+                    source[i]] == pytest.approx(1.25, rel=1e-5)
+        else:
+            assert lr[i] == old_lr[i]
+    np.testing.assert_array_equal(new_hp.gamma, hp.gamma)  # not perturbed: no bound given
+
+
+def test_exploit__multiplying_stays_inside_the_bounds():
+    algo, state, hp = _population()
+    hp = hp.replace(lr=jnp.full(C, 3e-3))  # at the upper bound: x1.25 must clip
+    config = PBTConfig(bounds=BOUNDS, fraction=0.5)
+    for seed in range(4):
+        _, new_hp, _ = exploit_explore(jax.random.key(seed), state, hp, jnp.arange(C, dtype=jnp.float32),
+                                       config=config, learner_fields=algo.learner_fields)
+        assert float(new_hp.lr.max()) <= 3e-3 * (1 + 1e-6)
+
+
+def test_pbt_config__rejects_settings_that_cannot_work():
+    with pytest.raises(ValueError, match=r"fraction must be in \(0, 0.5\]"):
+        PBTConfig(bounds=BOUNDS, fraction=0.7)
+    with pytest.raises(ValueError, match="perturb must be 'multiply' or 'resample'"):
+        PBTConfig(bounds=BOUNDS, perturb="jitter")
+
+
+PLAN = TrialPlan(
+    env="CartPole-v1", algo="ppo",
+    config=dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1, updates_per_chunk=1,
+                hidden=[16], eval_episodes=4, total_timesteps=4 * 32 * 8),
+    hparams=[{"lr": lr, "ent_coef": 0.01} for lr in (1e-4, 3e-4, 1e-3, 3e-3)], seeds=2, trial=2, study_seed=5,
+    objective="auc", curve_episodes=2,
+    pbt={"interval": 2, "fraction": 0.25, "perturb": "multiply",
+         "bounds": [["lr", 1e-4, 3e-3, True], ["ent_coef", 0.0, 0.05, False]]})
+
+
+def test_kernel__pbt_exploits_every_interval_without_recompiling_and_is_reproducible():
+    runner = TrialRunner(PLAN)
+    while not runner.done:
+        runner.chunk()
+    result = runner.finish()
+    events = [c.pbt for c in result.curves if c.pbt]
+    assert [e["chunk"] for e in events] == [2, 4, 6]  # not after the last chunk
+    for e in events:
+        moved = [i for i, s in enumerate(e["source"]) if s != i]
+        assert len(moved) == 1 and np.argsort(e["fitness"])[0] == moved[0]  # the worst one copies
+    assert runner._exploit._cache_size() == 1 and runner._chunk._cache_size() == 1  # no retrace
+    assert result.final_hparams == events[-1]["hparams"]
+    again = run_trial(PLAN)
+    np.testing.assert_array_equal(result.scores, again.scores)
+    assert [c.pbt for c in again.curves if c.pbt] == events
+
+
+def test_kernel__pbt_refuses_a_split_population():
+    with pytest.raises(ValueError, match="needs the whole population in one kernel"):
+        TrialRunner(PLAN, config_batch=2)
+
+
+def test_kernel__a_schedule_changes_hyperparameters_between_chunks():
+    plain = dataclasses.replace(PLAN, pbt=None)
+    same = dataclasses.replace(plain, schedule=[{"chunk": 4, "hparams": plain.hparams}])
+    np.testing.assert_array_equal(run_trial(plain).scores, run_trial(same).scores)  # a no-op schedule
+    changed = dataclasses.replace(plain, schedule=[{"chunk": 4, "hparams": [{"lr": 2e-3}] * 4}])
+    a, b = run_trial(plain), run_trial(changed)
+    for k in range(4):  # identical until the change takes effect after chunk 4
+        np.testing.assert_array_equal(a.curves[k].returns, b.curves[k].returns)
+    assert not np.array_equal(a.curves[-1].returns, b.curves[-1].returns)
+    assert b.final_hparams == [{"lr": 2e-3, "ent_coef": 0.01}] * 4
