@@ -156,6 +156,50 @@ img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;font-size:12px;overflo
     return path
 
 
+def pbt_plot(configs: pd.DataFrame, pbt: pd.DataFrame, path: Path) -> Path | None:
+    """The lineage and hyperparameter schedules of the PBT trial holding the best configuration:
+    one line per configuration, an arrow where it copied another; then each perturbed
+    hyperparameter's value over chunks."""
+    ranked = configs[configs["rank"].notna() & configs.trial.isin(pbt.trial.unique())]
+    if not len(ranked):
+        return None
+    trial = int(ranked.iloc[0].trial)
+    t = pbt[pbt.trial == trial]
+    names = [c for c in t.columns if c not in ("trial", "chunk", "config_id", "source", "copied", "fitness")
+             and t[c].nunique() > 1]
+    plt = _pyplot()
+    cols = min(3, 1 + len(names))
+    rows = math.ceil((1 + len(names)) / cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.4 * rows), squeeze=False)
+    axes = list(grid.flat)
+    ids = sorted(t.config_id.unique())
+    y = {cid: i for i, cid in enumerate(ids)}
+    chunks = sorted(t.chunk.unique())
+    last = chunks[-1] + (chunks[-1] - chunks[-2] if len(chunks) > 1 else 1)  # one interval past the last step
+    best = ranked.iloc[0].config_id
+    ax = axes[0]
+    for cid in ids:
+        ax.plot([0, last], [y[cid], y[cid]], color=f"C{y[cid] % 10}", lw=3 if cid == best else 1,
+                label=f"best: {best}" if cid == best else None)
+    for row in t[t.copied].itertuples():
+        ax.annotate("", xy=(row.chunk, y[row.config_id]), xytext=(row.chunk, y[row.source]),
+                    arrowprops=dict(arrowstyle="->", color="black", lw=1))
+    ax.set(xlabel="chunk", ylabel="configuration", yticks=range(len(ids)), title=f"trial {trial}: who copied whom")
+    ax.set_yticklabels(ids, fontsize=6)
+    for ax, name in zip(axes[1:], names, strict=False):
+        for cid, g in t.groupby("config_id"):
+            g = g.sort_values("chunk")
+            ax.step(list(g.chunk) + [last], list(g[name]) + [g[name].iloc[-1]], where="post",
+                    color=f"C{y[cid] % 10}", lw=2.5 if cid == best else 1, alpha=1 if cid == best else 0.6)
+        if (t[name] > 0).all() and t[name].max() / t[name].min() > 5:
+            ax.set_yscale("log")
+        ax.set(xlabel="chunk", ylabel=name, title=f"{name} per configuration (best bold)")
+    for ax in axes[1 + len(names):]:
+        ax.axis("off")
+    axes[0].legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
 def _control_html(best: dict[str, Any]) -> str:
     """The tuned-vs-default table of index.html ("" without a control)."""
     t = best.get("tuned_vs_default")
@@ -183,7 +227,8 @@ def _params(default: dict[str, Any]) -> str:
                      for k, v in default.get("params", {}).items())
 
 
-def build(root: Path, configs: pd.DataFrame, curves: pd.DataFrame, best: dict[str, Any] | None) -> dict[str, Path]:
+def build(root: Path, configs: pd.DataFrame, curves: pd.DataFrame, best: dict[str, Any] | None,
+          pbt: pd.DataFrame | None = None) -> dict[str, Path]:
     """Writes the plots and index.html under ``root/reports``; returns their paths."""
     meta = json.loads((root / "study.json").read_text())
     metric = meta.get("metric", "mean")
@@ -192,7 +237,8 @@ def build(root: Path, configs: pd.DataFrame, curves: pd.DataFrame, best: dict[st
     made = [curves_plot(configs, curves, out / "curves.png", objective),
             params_plot(configs, meta.get("space", {}), metric, out / "params.png", objective),
             progress_plot(configs, metric, meta.get("direction", "maximize") == "maximize", out / "progress.png",
-                          objective)]
+                          objective),
+            pbt_plot(configs, pbt, out / "pbt.png") if pbt is not None else None]
     images = [p for p in made if p is not None]
     paths = {p.stem + "_png": p for p in images}
     paths["index"] = index_html(root, configs, images, best)

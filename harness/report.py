@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness import lineage
 from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, write_json
 from harness.space import label
 from harness.stats import bootstrap_ci, config_score, describe_objective, iqm, paired_difference
@@ -217,6 +218,9 @@ def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
     tables_ = {"configs": configs, "seeds": seeds, **({"curves": curves} if plots else {})}
     if load_final(root):
         tables_["final"] = final_table(root, load_meta(root).get("metric", "mean"))
+    pbt = lineage.table(load_trials(root))
+    if len(pbt):
+        tables_["pbt"] = pbt
     paths = {name: out / f"{name}.csv" for name in tables_}
     for name, df in tables_.items():
         tmp = paths[name].with_suffix(".csv.tmp")
@@ -230,7 +234,7 @@ def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
         from harness import plots as plotting
         from harness import tensorboard
 
-        paths.update(plotting.build(root, configs, curves, _jsonable(b) if b else None))
+        paths.update(plotting.build(root, configs, curves, _jsonable(b) if b else None, pbt if len(pbt) else None))
         paths["tensorboard"] = tensorboard.write(root, configs, curves, list(load_meta(root).get("space", {})))
     return paths
 

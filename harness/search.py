@@ -9,6 +9,7 @@ it diverged or the trial errored.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -80,6 +81,7 @@ class BatchedOptunaSearcher(Searcher):
         plan_defaults: ``TrialPlan`` fields other than config/hparams/trial (env, algo, seeds, ...).
         timesteps: env steps per seed.
         extra: added to every trial's Tune config (device settings).
+        pbt: the plans' population-based training entry (``Study.pbt_plan``), or None.
         on_complete: called with the trial's record (a dict) when a Tune trial ends, before
             Optuna is told, so a crash in between is repaired from the record on resume.
         is_pruned: tells whether the scheduler stopped a Tune trial early.
@@ -88,12 +90,12 @@ class BatchedOptunaSearcher(Searcher):
     def __init__(self, study: Study, ostudy: optuna.Study, *, static_names: list[str],
                  configs_per_trial: int, plan_defaults: dict[str, Any], timesteps: int,
                  extra: dict[str, Any], on_complete: Callable[[dict], None],
-                 is_pruned: Callable[[str], bool]) -> None:
+                 is_pruned: Callable[[str], bool], pbt: dict[str, Any] | None = None) -> None:
         super().__init__(metric="score", mode="max" if study.direction == "maximize" else "min")
         self.study, self.ostudy = study, ostudy
         self.static_names, self.c = static_names, configs_per_trial
         self.plan_defaults, self.timesteps, self.extra = plan_defaults, timesteps, extra
-        self.on_complete, self.is_pruned = on_complete, is_pruned
+        self.on_complete, self.is_pruned, self.pbt = on_complete, is_pruned, pbt
         self.live: dict[str, tuple[list[optuna.Trial], list[dict[str, Any]], TrialPlan]] = {}
         self.curves: dict[str, dict[int, dict[str, Any]]] = {}
         self._next = next_trial_number(ostudy)
@@ -118,7 +120,7 @@ class BatchedOptunaSearcher(Searcher):
             hparams=[{**self.study.hparams, **{k: float(v) for k, v in p.items()
                                                if k not in self.static_names}} for p in points],
             trial=number, objective=self.study.objective, threshold=self.study.threshold,
-            curve_episodes=self.study.curve_episodes, **self.plan_defaults)
+            curve_episodes=self.study.curve_episodes, pbt=self.pbt, **self.plan_defaults)
         self.live[trial_id] = (trials, points, plan)
         return {"plan": asdict(plan), "study": self.study.name, **self.extra}
 
@@ -127,7 +129,8 @@ class BatchedOptunaSearcher(Searcher):
             self.curves.setdefault(trial_id, {})[int(result["chunk"])] = {
                 "chunk": int(result["chunk"]), "env_steps": int(result["env_steps"]),
                 "returns": result["returns"],
-                **{k: result[k] for k in ("evals", "objective") if k in result}}
+                **{k: result[k] for k in ("evals", "objective") if k in result},
+                **({"pbt": json.loads(result["pbt"])} if result.get("pbt") else {})}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.live:
@@ -150,19 +153,27 @@ class BatchedOptunaSearcher(Searcher):
                                    "final_returns": result["final_returns"][i]
                                    if status == "complete" and "final_returns" in result else None,
                                    "diverged": (result.get("diverged") or [None] * len(trials))[i]}
+            if result.get("final_hparams") and plan.pbt:
+                rec["final_hparams"] = result["final_hparams"][i]
             if status == "pruned":  # the objective at the rung where the scheduler stopped it
                 rec["last_value"] = config_score(result.get("objective", [[]] * len(trials))[i])
             configs.append(rec)
         by_chunk = self.curves.pop(trial_id, {})
         curves = [by_chunk[k] for k in sorted(by_chunk)]
         record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
-                  "objective": plan.objective, "threshold": plan.threshold,
+                  "objective": plan.objective, "threshold": plan.threshold, "pbt": plan.pbt,
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
                   "env_steps": int(result.get("env_steps", 0)),
                   **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error")
                      if k in result}}
         self.on_complete(record)
         report_intermediate(self.ostudy, trials, record)
+        if plan.pbt:
+            for t, c in zip(trials, configs, strict=True):
+                t.set_user_attr("pbt", "hyperparameters changed mid-run by population-based training; "
+                                       "told FAIL so TPE does not learn from them; value in pbt_value")
+                if (value := config_value(c, self.study.metric)) is not None and status == "complete":
+                    t.set_user_attr("pbt_value", value)
         tell(self.ostudy, record)
 
     def fail_live(self) -> None:
@@ -208,7 +219,9 @@ def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
     for c in record["configs"]:
         number = c["optuna_number"]
         value = config_value(c, record.get("metric", "mean")) if record["status"] == "complete" else None
-        if record["status"] == "pruned":
+        if record.get("pbt"):  # its hyperparameters changed mid-run: keep it out of TPE's model
+            ostudy.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        elif record["status"] == "pruned":
             ostudy.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
         elif value is not None:
             ostudy.tell(number, value, skip_if_finished=True)

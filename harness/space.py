@@ -81,6 +81,25 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class PBT:
+    """Population-based training across a trial's C configurations (``algos.pbt``).
+
+    Every ``interval`` chunks, the worst ``fraction`` of the configurations (by their mean
+    evaluation return over the last ``interval`` chunks) copy the network and optimizer state of
+    configurations drawn from the best ``fraction``, then perturb the searched continuous
+    hyperparameters: ``multiply`` by 0.8 or 1.25, or ``resample`` from their distribution; both
+    clipped to the search space.
+    """
+
+    interval: int = 4
+    fraction: float = 0.25
+    perturb: Literal["multiply", "resample"] = "multiply"
+
+
+SCHEDULERS = ("asha", "pbt", "none")
+
+
+@dataclass(frozen=True)
 class Study:
     """A named hyperparameter study.
 
@@ -110,6 +129,10 @@ class Study:
         baseline: the control's values for searched names (static or traced); every other
             searched name takes the algorithm's default. The control is re-trained with the
             top configurations on the same fresh seeds, so the reports say what tuning gained.
+        scheduler: ``asha`` (stop the worse half of the trials at the halfway rung), ``pbt``
+            (population-based training inside each trial's kernel, settings in ``pbt``) or
+            ``none``; ``--scheduler`` overrides it.
+        pbt: the population-based training settings (defaults when None).
     """
 
     name: str
@@ -131,6 +154,8 @@ class Study:
     metric: Literal["mean", "iqm"] = "mean"
     direction: Literal["maximize", "minimize"] | None = None
     baseline: dict[str, Any] = field(default_factory=dict)
+    scheduler: Literal["asha", "pbt", "none"] = "asha"
+    pbt: PBT | None = None
 
     def __post_init__(self) -> None:
         if self.direction is None:  # frozen: set once, here
@@ -141,6 +166,15 @@ class Study:
 
     def traced_names(self, config_fields: set[str]) -> list[str]:
         return [n for n in self.space if n not in config_fields]
+
+    def pbt_plan(self, config_fields: set[str]) -> dict[str, Any]:
+        """The trial plan's ``pbt`` entry: settings and the bounds of the perturbed (continuous,
+        traced) hyperparameters."""
+        settings = self.pbt or PBT()
+        bounds = [[n, d.low, d.high, isinstance(d, LogUniform)] for n in self.traced_names(config_fields)
+                  if isinstance(d := self.space[n], LogUniform | Uniform)]
+        return {"interval": settings.interval, "fraction": settings.fraction, "perturb": settings.perturb,
+                "bounds": bounds}
 
 
 def _static_choices(dist: Distribution) -> list[Any]:
@@ -164,6 +198,32 @@ def static_points(study: Study, config_fields: set[str]) -> Iterator[dict[str, A
         raise StudyError(f"study {study.name}: {err}") from None
     for combo in itertools.product(*grids):
         yield dict(zip(static, combo, strict=True))
+
+
+def validate_pbt(study: Study, config_fields: set[str], *, configs_per_trial: int, chunks: int) -> None:
+    """Checks that population-based training can work for this study and budget.
+
+    Raises:
+        StudyError: settings out of range, nothing to perturb, too few configurations per trial
+            for one to be replaced, or too few chunks for one exploit step.
+    """
+    settings = study.pbt or PBT()
+    where = f"study {study.name}: population-based training"
+    if not 0 < settings.fraction <= 0.5:
+        raise StudyError(f"{where}: fraction must be in (0, 0.5], got {settings.fraction}")
+    if settings.perturb not in ("multiply", "resample"):
+        raise StudyError(f"{where}: perturb must be 'multiply' or 'resample', got {settings.perturb!r}")
+    if settings.interval < 1:
+        raise StudyError(f"{where}: interval must be >= 1 chunk, got {settings.interval}")
+    if not study.pbt_plan(config_fields)["bounds"]:
+        raise StudyError(f"{where}: no continuous traced hyperparameter is searched, so nothing can be perturbed")
+    need = math.ceil(1 / settings.fraction)
+    if configs_per_trial < need:
+        raise StudyError(f"{where} replaces {settings.fraction:g} of a trial's configurations: it needs "
+                         f"--configs-per-trial >= {need}, got {configs_per_trial}")
+    if chunks <= settings.interval:
+        raise StudyError(f"{where} exploits every {settings.interval} chunks but a trial runs {chunks}; "
+                         "lower the interval or raise --timesteps")
 
 
 def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: int) -> None:
@@ -196,6 +256,9 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
     if study.curve_episodes < (0 if study.objective == "final" else 1):
         raise StudyError(f"study {study.name}: curve_episodes must be >= 1 for objective {study.objective!r}, "
                          f"got {study.curve_episodes}")
+    if study.scheduler not in SCHEDULERS:
+        raise StudyError(f"study {study.name}: scheduler must be one of {', '.join(SCHEDULERS)}, "
+                         f"got {study.scheduler!r}")
     for name in study.baseline:
         if name not in study.space:
             raise StudyError(f"study {study.name}: baseline sets {name!r}, which is not searched; "

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import lineage
 from harness.cluster import ClusterError
 from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, trial_path, write_json
 from harness.space import Budget, Study, StudyError, label
@@ -49,7 +50,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="Optuna sampler proposing configurations (default: tpe)")
     p.add_argument("--fresh", action="store_true", help="start over; the old results folder is kept aside")
     p.add_argument("--smoke", action="store_true", help="a tiny budget (about a minute on a laptop CPU)")
-    p.add_argument("--no-asha", action="store_true", help="run every trial to the end (no early stopping)")
+    p.add_argument("--scheduler", choices=("asha", "pbt", "none"),
+                   help="asha: stop the worse half of the trials at the halfway rung; pbt: population-based "
+                        "training inside each trial's kernel; none: run every trial to the end (default: the "
+                        "study's, usually asha)")
+    p.add_argument("--no-asha", action="store_true", help="the same as --scheduler none")
     p.add_argument("--device-memory", metavar="SIZE",
                    help="memory a device gives trials (e.g. 40GiB); default: measured on a GPU, unlimited on "
                         "a CPU. Trial shapes that do not fit run their configurations in sub-batches")
@@ -102,6 +107,7 @@ class Runner:
         self.root = Path(args.out).resolve() / (self.study.name + ("-smoke" if args.smoke else ""))
         self.config_fields = {f.name for f in dataclasses.fields(self.spec.config_cls)}
         self.started = time.monotonic()
+        self.scheduler = "none" if args.no_asha else (getattr(args, "scheduler", None) or self.study.scheduler)
         self.best: tuple[float, str, dict] | None = None
         self.running_steps: dict[str, int] = {}
         self.done = 0
@@ -154,17 +160,20 @@ class Runner:
         # Fail fast, before Ray starts: the budget's values and the search space at its size.
         early = self._budget("cpu", meta)
         validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=early.timesteps)
+        self._validate_pbt(early)
         self.device_bytes = parse_bytes(self.args.device_memory) if self.args.device_memory else None
         dashboard, metrics = cluster.start(self.args.address)
         try:
             place = cluster.placement(_cache_dir())
             budget = self._budget(place.kind, meta)
             validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=budget.timesteps)
+            self._validate_pbt(budget)
             place = self._fit_memory(place, budget)
             if meta is None:
                 meta = {"study": self.study.name, "env": self.study.env, "algo": self.study.algo,
                         "direction": self.study.direction, "metric": self.study.metric,
                         "objective": self.study.objective, "threshold": self.study.threshold,
+                        "scheduler": self.scheduler,
                         "seed": self.study.seed,
                         "budget": dataclasses.asdict(budget), "smoke": self.args.smoke,
                         "created": datetime.datetime.now().isoformat(timespec="seconds")}
@@ -223,6 +232,15 @@ class Runner:
         self._summary(paths)
         return 0
 
+    def _validate_pbt(self, budget: Budget) -> None:
+        if self.scheduler != "pbt":
+            return
+        from harness.space import validate_pbt
+
+        self.budget = budget
+        validate_pbt(self.study, self.config_fields, configs_per_trial=budget.configs_per_trial,
+                     chunks=min(self._chunks()))
+
     def _tune(self, ostudy: Any, remaining: int) -> bool:
         """Runs ``remaining`` Tune trials; True when the run was interrupted."""
         from ray import tune
@@ -241,7 +259,7 @@ class Runner:
                 return action
 
         chunks = self._max_chunks()
-        scheduler = None if self.args.no_asha or chunks < 3 else RecordingASHA(
+        scheduler = None if self.scheduler != "asha" or chunks < 3 else RecordingASHA(
             time_attr="training_iteration", metric="score", mode="max" if self.study.direction == "maximize"
             else "min", max_t=chunks, grace_period=max(1, chunks // 2), reduction_factor=2)
         searcher = BatchedOptunaSearcher(
@@ -250,6 +268,7 @@ class Runner:
             plan_defaults=dict(env=self.study.env, algo=self.study.algo, seeds=self.budget.seeds,
                                study_seed=self.study.seed),
             timesteps=self.budget.timesteps, extra={"device": self.place.device},
+            pbt=self.study.pbt_plan(self.config_fields) if self.scheduler == "pbt" else None,
             on_complete=self._on_record,
             is_pruned=lambda tid: scheduler is not None and tid in RecordingASHA.stopped)
         runs = len(list((self.root / "tune").glob("run-*"))) if (self.root / "tune").exists() else 0
@@ -299,6 +318,10 @@ class Runner:
             return place
         shapes, per_device = {}, []
         for key, f in fits.items():
+            if self.scheduler == "pbt" and f["config_batch"] < budget.configs_per_trial:
+                raise StudyError(f"{names[key]}: population-based training needs a trial's "
+                                 f"{budget.configs_per_trial} configurations in one kernel, but only "
+                                 f"{f['config_batch']} fit; lower --configs-per-trial or --seeds")
             per_device.append(f["per_device"])
             shapes[key] = {"config_batch": f["config_batch"]}
             if place.kind == "gpu":
@@ -316,11 +339,15 @@ class Runner:
 
     def _max_chunks(self) -> int:
         """The most chunks any static configuration of the study trains for (ASHA's max_t)."""
+        return max(self._chunks())
+
+    def _chunks(self) -> list[int]:
+        """Chunks each static configuration of the study trains for."""
         from harness.space import static_points
 
-        return max(self.spec.config_cls(**{**self.study.config, **point,
-                                           "total_timesteps": self.budget.timesteps}).num_chunks
-                   for point in static_points(self.study, self.config_fields))
+        return [self.spec.config_cls(**{**self.study.config, **point,
+                                        "total_timesteps": self.budget.timesteps}).num_chunks
+                for point in static_points(self.study, self.config_fields)]
 
     # -- records and progress ----------------------------------------------------------------
     def _on_record(self, record: dict[str, Any]) -> None:
@@ -400,9 +427,13 @@ class Runner:
             print("no configuration finished without diverging; nothing to re-evaluate")
             return
         by_id = {config_id(r["trial"], c["index"]): (r, c) for r in records for c in r["configs"]}
-        entries = {cid: (by_id[cid][1]["params"], by_id[cid][0]["static"], by_id[cid][1]["hparams"])
-                   for cid in top["config_id"]}
-        entries[CONTROL] = self.control()
+        entries, schedules, chains = {}, {}, {}
+        for cid in top["config_id"]:  # a PBT configuration replays its lineage's hyperparameter schedule
+            rec, conf = by_id[cid]
+            initial, schedules[cid], chains[cid] = (lineage.schedule(rec, conf["index"]) if rec.get("pbt")
+                                                    else (conf["hparams"], [], None))
+            entries[cid] = (conf["params"], rec["static"], initial)
+        entries[CONTROL], schedules[CONTROL] = self.control(), []
         groups: dict[str, list[str]] = {}
         for cid, (_, static, _) in entries.items():
             groups.setdefault(json.dumps(static, sort_keys=True), []).append(cid)
@@ -421,12 +452,14 @@ class Runner:
                             compile_s=max(r["compile_seconds"] for r in timed) if timed else None)
             for start in range(0, len(ids), c):
                 batch = ids[start:start + c]
-                hps = [entries[i][2] for i in batch]
+                padded = batch + [batch[0]] * (c - len(batch))
+                hps = [entries[i][2] for i in padded]
+                schedule = lineage.merge([schedules[i] for i in padded], hps) or None
                 for r in range(rounds):
                     plans.append(TrialPlan(env=self.study.env, algo=self.study.algo, config=static,
-                                           hparams=hps + [hps[0]] * (c - len(hps)), seeds=seeds,
-                                           trial=r, study_seed=self.study.seed, stream=FINAL,
-                                           objective=self.study.objective, threshold=self.study.threshold,
+                                           hparams=hps, seeds=seeds, trial=r, study_seed=self.study.seed,
+                                           stream=FINAL, objective=self.study.objective,
+                                           threshold=self.study.threshold, schedule=schedule,
                                            curve_episodes=self.study.curve_episodes))
                     members.append(batch)
         print(f"re-training the top {len(top)} configurations and the default one on {rounds * seeds} fresh "
@@ -448,7 +481,10 @@ class Runner:
                         "failed": failed, "scores": joined("scores"), "final_returns": joined("final_returns"),
                         "diverged": joined("diverged"),
                         "plans": [{"plan": dataclasses.asdict(plan), "config_index": i} for plan, i, _ in parts],
-                        "command": self._train_command(static, hparams, rounds * seeds)}
+                        "command": self._train_command(static, hparams, rounds * seeds, cid, schedules[cid])}
+            if schedules[cid]:
+                out[cid].update(schedule=schedules[cid], lineage=[config_id(by_id[cid][0]["trial"], i)
+                                                                  for i in chains[cid]])
             if not failed and cid != CONTROL:
                 self._keep_checkpoints(cid, static, hparams, parts)
         control = out.pop(CONTROL)
@@ -504,13 +540,20 @@ class Runner:
                     **r.metrics, "checkpoint": r.checkpoint.path if r.checkpoint else ""}
         return [done.get(json.dumps(asdict(p), sort_keys=True)) for p in plans]
 
-    def _train_command(self, static: dict[str, Any], hparams: dict[str, float], seeds: int) -> str:
+    def _train_command(self, static: dict[str, Any], hparams: dict[str, float], seeds: int, cid: str = "",
+                       schedule: list[dict[str, Any]] | None = None) -> str:
+        """The ``harness.train`` command that trains this configuration (its schedule, written to
+        ``schedules/<cid>.json``, replayed with ``--schedule``)."""
         sets = [f"{k}={label(tuple(v) if isinstance(v, list) else v)}" for k, v in static.items()
                 if k != "total_timesteps"] + [f"{k}={v:.6g}" for k, v in hparams.items()]
         args = ["python", "-m", "harness.train", "--algo", self.study.algo, "--env", self.study.env,
                 "--seeds", str(seeds), "--timesteps", str(static["total_timesteps"])]
         for s in sets:
             args += ["--set", s]
+        if schedule:
+            path = self.root / "schedules" / f"{cid}.json"
+            write_json(path, schedule)
+            args += ["--schedule", str(path)]
         return shlex.join(args)
 
     def _summary(self, paths: dict[str, Path]) -> None:

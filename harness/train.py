@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timesteps", type=int, help="env steps per seed (config default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a static config field or hyperparameter, e.g. lr=3e-4")
+    parser.add_argument("--schedule", metavar="FILE",
+                        help='hyperparameters that change between chunks, a JSON list of {"chunk": K, '
+                             '"hparams": {...}} each in effect after chunk K (a PBT lineage: a study writes '
+                             "results/NAME/schedules/<config>.json)")
     args = parser.parse_args(argv)
     try:
         return _run(args)
@@ -99,7 +103,12 @@ def _run(args: argparse.Namespace) -> int:
         algo = spec.make(config, env, env_params)
     except ValueError as err:
         raise UsageError(f"{spec.name} on {args.env}: {err}") from None
-    hp = jax.tree.map(lambda x: x[None], spec.hparams_cls.default(**hp_kw))
+    schedule = _schedule(args.schedule, spec) if args.schedule else {}
+
+    def stacked(overrides: dict[str, float]) -> Any:
+        return jax.tree.map(lambda x: x[None], spec.hparams_cls.default(**{**hp_kw, **overrides}))
+
+    hp = stacked({})
     keys = jax.random.split(jax.random.key(args.seed), args.seeds)[None]
     init = jax.jit(algos.batched(algo.init))
     run = jax.jit(algos.batched(algo.chunk))
@@ -118,6 +127,9 @@ def _run(args: argparse.Namespace) -> int:
         steps_done = steps
         print(f"chunk {i + 1:>3}/{config.num_chunks}  steps {steps:>9,}  return {ret:9.2f}  "
               f"{sps:>10,.0f} steps/s" + ("  (incl. compile)" if i == 0 else ""), flush=True)
+        if i + 1 in schedule:
+            hp = stacked(schedule[i + 1])
+            print(f"  from chunk {i + 2}: {', '.join(f'{k}={v:.4g}' for k, v in schedule[i + 1].items())}")
     eval_keys = jax.random.split(jax.random.key(args.seed + 1_000_003), args.seeds)[None]
     evals = jax.jit(algos.batched(algo.evaluate, hparams_argnum=None))(state, eval_keys)
     diverged = np.asarray(state.diverged)[0]
@@ -126,6 +138,27 @@ def _run(args: argparse.Namespace) -> int:
     print(f"mean evaluation return {np.mean(evals.return_mean):.2f} "
           f"({time.perf_counter() - t0:.1f}s)")
     return 0
+
+
+def _schedule(path: str, spec: Any) -> dict[int, dict[str, float]]:
+    """``--schedule FILE`` as {chunk: hyperparameters}; a missing or malformed file is a UsageError."""
+    import json
+
+    known = {f.name for f in dataclasses.fields(spec.hparams_cls)}
+    try:
+        with open(path) as f:
+            entries = json.load(f)
+        out = {int(e["chunk"]): {k: float(v) for k, v in e["hparams"].items()} for e in entries}
+    except OSError as err:
+        raise UsageError(f"--schedule {path}: {err.strerror}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise UsageError(f'--schedule {path}: expected a JSON list of {{"chunk": K, "hparams": {{...}}}} '
+                         f"({type(err).__name__}: {err})") from None
+    for k, h in out.items():
+        if unknown := set(h) - known:
+            raise UsageError(f"--schedule {path}: chunk {k} sets unknown hyperparameters "
+                             f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    return out
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ imports this module in every worker.
 from __future__ import annotations
 
 import fcntl
+import json
 import math
 import os
 import threading
@@ -227,7 +228,8 @@ class StudyTrial(tune.Trainable):
         so_far = _floats(self.runner.objective_so_far())  # the objective at this rung, per run
         self.last.update(env_steps=r.env_steps, returns=returns, evals=_floats(r.evals), objective=so_far,
                          diverged=diverged, steps_per_sec=r.steps_per_sec, kernel_seconds=r.kernel_seconds,
-                         chunk=r.chunk, num_chunks=r.num_chunks)
+                         chunk=r.chunk, num_chunks=r.num_chunks,
+                         pbt=json.dumps(r.pbt) if r.pbt else None)  # a string: Tune flattens dicts
         per_config = {"return": [config_score(row) for row in returns],
                       "env_steps": [float(r.env_steps)] * len(returns),
                       "diverged": [float(any(d)) for d in diverged]}
@@ -243,6 +245,7 @@ class StudyTrial(tune.Trainable):
                 r.steps_per_sec)
         return {**self.last, "score": _best(scores, diverged, maximize), "scores": scores,
                 "final_returns": _floats(result.final_returns), "diverged": diverged,
+                "final_hparams": result.final_hparams,
                 "final": True, "done": True, "compile_seconds": result.compile_seconds,
                 "kernel_seconds": result.kernel_seconds, "trial_seconds": time.perf_counter() - self.started}
 

@@ -123,3 +123,44 @@ def test_kernel__a_schedule_changes_hyperparameters_between_chunks():
         np.testing.assert_array_equal(a.curves[k].returns, b.curves[k].returns)
     assert not np.array_equal(a.curves[-1].returns, b.curves[-1].returns)
     assert b.final_hparams == [{"lr": 2e-3, "ent_coef": 0.01}] * 4
+
+
+def test_lineage__a_configuration_inherits_the_schedule_of_the_networks_it_copied():
+    from harness import lineage
+
+    h = [{"lr": 0.1 * (i + 1)} for i in range(3)]
+    record = {"trial": 0, "pbt": {"interval": 4}, "configs": [{"hparams": x} for x in h],
+              "curves": [{"chunk": 4, "pbt": {"chunk": 4, "source": [0, 1, 0], "fitness": [3, 2, 1],
+                                              "hparams": [h[0], h[1], {"lr": 0.08}]}},
+                         {"chunk": 8, "pbt": {"chunk": 8, "source": [0, 2, 2], "fitness": [3, 1, 2],
+                                              "hparams": [h[0], {"lr": 0.1}, {"lr": 0.08}]}}]}
+    initial, changes, chain = lineage.schedule(record, 1)
+    # configuration 1's network began in 0, was copied into 2 after chunk 4, then into 1 after chunk 8
+    assert chain == [0, 2, 1] and initial == h[0]
+    assert changes == [{"chunk": 4, "hparams": {"lr": 0.08}}, {"chunk": 8, "hparams": {"lr": 0.1}}]
+    assert lineage.schedule(record, 0) == (h[0], [], [0])  # never copied: no schedule
+    merged = lineage.merge([changes, []], [initial, h[0]])
+    assert merged == [{"chunk": 4, "hparams": [{"lr": 0.08}, h[0]]}, {"chunk": 8, "hparams": [{"lr": 0.1}, h[0]]}]
+    rows = lineage.table([record])
+    assert len(rows) == 3 * 3 and rows.copied.sum() == 2
+    assert rows[(rows.chunk == 8) & rows.copied].source.tolist() == ["t0000c2"]
+
+
+def test_train_cli__replays_a_schedule_and_rejects_a_malformed_one(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps([{"chunk": 1, "hparams": {"lr": 1e-3}}]))
+    args = [sys.executable, "-m", "harness.train", "--env", "CartPole-v1", "--seeds", "1", "--timesteps", "4096",
+            "--set", "updates_per_chunk=2", "--set", "num_minibatches=2"]
+    r = subprocess.run([*args, "--schedule", str(good)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "from chunk 2: lr=0.001" in r.stdout, r.stdout + r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"chunk": 1, "hparams": {"learning_rate": 1e-3}}]))
+    r = subprocess.run([*args, "--schedule", str(bad)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "chunk 1 sets unknown hyperparameters learning_rate; known:" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([*args, "--schedule", str(tmp_path / "none.json")], capture_output=True, text=True)
+    assert r.returncode == 2 and "No such file or directory" in r.stderr
