@@ -507,7 +507,10 @@ class Runner:
                     return  # no checkpoint came back (e.g. a retried trial); keep none rather than half
                 k = len(seeds)
                 shutil.copyfile(src, folder / f"seed_{k}.msgpack")
-                seeds.append({"seed": k, "score": res["scores"][i][s], "diverged": res["diverged"][i][s],
+                # "score": the deterministic evaluation at save time (harness.play repeats it); the
+                # objective's value is "objective_value"
+                seeds.append({"seed": k, "score": res["final_returns"][i][s],
+                              "objective_value": res["scores"][i][s], "diverged": res["diverged"][i][s],
                               "plan": dataclasses.asdict(plan), "config_index": i, "seed_index": s})
         write_json(folder / "policy.json", {"config_id": cid, "study": self.study.name, "env": self.study.env,
                                             "algo": self.study.algo, "config": static, "hparams": hparams,

@@ -145,9 +145,23 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
     complete = seeds[seeds.status == "complete"]
     assert len(complete) and complete.score.notna().all() and (complete.score > 0).all()
     assert curves.env_steps.max() == 20_480 and curves.episode_return.notna().any()
+    assert curves.eval_return.notna().all()  # an evaluation after every chunk, for every run
+    assert configs[configs.status == "complete"].final_return.notna().all()
     best = json.loads((root / "reports" / "best.json").read_text())
     assert best["reevaluation"]["seeds"] == 4 and best["reevaluation"]["mean"] > 0
     assert "harness.train" in best["reproduce"]["command"]
+    assert best["objective"] == "auc" and "area under the evaluation curve" in best["ranked_by"]
+    # the default configuration, re-trained on the same fresh seeds as the tuned ones
+    final = json.loads((root / "final.json").read_text())
+    control, top = final["control"], next(c for c in final["configs"] if c["config_id"] == best["config_id"])
+    assert control["params"]["lr"] == 2.5e-4 and len(control["scores"]) == len(top["scores"]) == 4
+    keys = [(p["plan"]["trial"], p["plan"]["stream"], p["plan"]["seeds"]) for p in top["plans"]]
+    assert [(p["plan"]["trial"], p["plan"]["stream"], p["plan"]["seeds"]) for p in control["plans"]] == keys
+    t = best["tuned_vs_default"]
+    assert t["difference"]["paired_seeds"] == 4 and t["default"]["mean"] == pytest.approx(
+        sum(control["scores"]) / 4)
+    assert "tuned vs default (auc): " in r.stdout
+    assert set(pd.read_csv(root / "reports" / "final.csv").role) == {"tuned", "default"}
     page = (root / "reports" / "index.html").read_text()
     assert 'src="curves.png"' in page and best["config_id"] in page
     # the best configuration's policies are kept; loading one gives its evaluation at save time
@@ -167,6 +181,32 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
     before = {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")}
     assert subprocess.run([sys.executable, "-m", "harness.report", str(root)], cwd=ROOT).returncode == 0
     assert {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")} == before
+
+
+@pytest.mark.slow
+def test_study__population_based_training_end_to_end(tmp_path, ray_env):
+    r = _study("cartpole_ppo", "--scheduler", "pbt", "--trials", "1", "--configs-per-trial", "4", "--seeds", "2",
+               "--timesteps", "51200", "--out", str(tmp_path), env=ray_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    root = tmp_path / "cartpole_ppo"
+    (record,) = load_trials(root)
+    events = [c["pbt"] for c in record["curves"] if c.get("pbt")]
+    assert [e["chunk"] for e in events] == [4, 8] and all(sum(s != i for i, s in enumerate(e["source"])) == 1
+                                                          for e in events)
+    pbt = pd.read_csv(root / "reports" / "pbt.csv")
+    assert len(pbt) == 4 * 3 and pbt.copied.sum() == 2
+    assert (root / "reports" / "pbt.png").read_bytes()[:4] == b"\x89PNG"
+    ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
+    assert {t.state.name for t in ostudy.trials} == {"FAIL"}  # kept out of TPE's model ...
+    assert all("pbt" in t.user_attrs and "pbt_value" in t.user_attrs for t in ostudy.trials)  # ... but kept
+    assert all(len(t.intermediate_values) == 10 for t in ostudy.trials)
+    final = json.loads((root / "final.json").read_text())
+    copied = [c for c in final["configs"] if c.get("schedule")]
+    for c in copied:  # a copied configuration's re-training replays its lineage's schedule
+        assert "--schedule" in c["command"] and c["plans"][0]["plan"]["schedule"]
+        assert json.loads((root / "schedules" / f"{c['config_id']}.json").read_text()) == c["schedule"]
+    bad = _study("cartpole_ppo", "--scheduler", "pbt", "--configs-per-trial", "2", "--out", str(tmp_path / "x"))
+    _one_error_line(bad, "needs --configs-per-trial >= 4, got 2")
 
 
 def _interrupt_then_resume(tmp_path, env, sig):
