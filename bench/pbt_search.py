@@ -1,0 +1,186 @@
+"""Population-based training in the kernel against TPE search and Ray Tune's PBT, at equal env steps.
+
+    python bench/pbt_search.py [--population 16] [--seeds 2] [--timesteps 102400] [--interval 4]
+
+The same PPO space as ``cartpole_ppo`` (its traced hyperparameters; 4 minibatches), CartPole-v1,
+objective ``final`` (the deterministic evaluation after the last chunk, mean over seeds), N
+configurations x S seeds x T env steps in each of:
+
+- ``kernel-pbt``: ``harness.study --scheduler pbt``, one trial of N configurations (one kernel);
+  every ``interval`` chunks the worst quarter copies the best quarter and perturbs.
+- ``tpe``: ``harness.study --scheduler none``, N/4 trials of 4 configurations, Optuna's TPE
+  proposing between trials.
+- ``tune-pbt``: Ray Tune's ``PopulationBasedTraining`` over the same space, N Tune trials of one
+  configuration (our kernel, S seeds), exploiting through checkpoints on disk every ``interval``
+  chunks (Tune perturbs by x0.8/x1.2 or resamples).
+
+Each prints the best configuration's score (on the evaluation seeds) and the wall time from
+start to the last result, Ray's start included, no re-training; the closing line is the ratio
+of wall times, and the scores say whether the speed cost anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import _common  # noqa: F401  (XLA flag before JAX starts)
+import numpy as np
+
+STATIC = dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10, num_minibatches=4)
+
+
+def study_file(folder: Path, args: argparse.Namespace) -> Path:
+    path = folder / "pbt_bench.py"
+    path.write_text(textwrap.dedent(f"""
+        from harness.space import PBT, Budget, Study, Uniform
+        from studies._spaces import PPO
+
+        _B = Budget(trials=1, configs_per_trial=4, seeds={args.seeds}, timesteps={args.timesteps})
+        STUDY = Study(name="pbt_bench", description="PBT benchmark", env="CartPole-v1", algo="ppo",
+                      config={STATIC!r}, space=dict(**PPO, vf_coef=Uniform(0.25, 1.0)), objective="final",
+                      top_k=0, pbt=PBT(interval={args.interval}), cpu=_B, gpu=_B, smoke=_B)
+    """))
+    return path
+
+
+def harness_study(path: Path, out: Path, scheduler: str, trials: int, configs: int,
+                  args: argparse.Namespace) -> dict:
+    """Runs the study file through ``python -m harness.study``; its best score and wall time."""
+    cmd = [sys.executable, "-m", "harness.study", str(path), "--scheduler", scheduler, "--trials", str(trials),
+           "--configs-per-trial", str(configs), "--seeds", str(args.seeds), "--timesteps", str(args.timesteps),
+           "--out", str(out)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    import pandas as pd
+
+    configs_csv = pd.read_csv(out / "pbt_bench" / "reports" / "configs.csv")
+    return dict(score=float(configs_csv["mean"].max()), wall_s=wall,
+                configs=int(configs_csv["mean"].notna().sum()))
+
+
+def _tune_trainable() -> type:
+    from ray import tune
+
+    from harness.kernel import TrialPlan, TrialRunner
+
+    class OneConfig(tune.Trainable):
+        """One configuration x S seeds of our kernel, a chunk per step, its state checkpointed."""
+
+        def setup(self, config: dict[str, Any]) -> None:
+            from harness.trainable import setup_process
+
+            setup_process({"pin_cores": True, "cpus": 1})
+            self.plan = TrialPlan(env="CartPole-v1", algo="ppo", config=config["static"], seeds=config["seeds"],
+                                  hparams=[{k: float(config[k]) for k in config["names"]}], trial=config["index"],
+                                  objective="final", curve_episodes=4)
+            self.runner = TrialRunner(self.plan)
+
+        def reset_config(self, new_config: dict[str, Any]) -> bool:
+            self.setup(new_config)
+            return True
+
+        def step(self) -> dict[str, Any]:
+            r = self.runner.chunk()
+            out = {"score": float(np.nanmean(r.evals)), "env_steps": r.env_steps}
+            if self.runner.done:
+                res = self.runner.finish()
+                out.update(final=float(np.nanmean(res.final_returns)), done=True)
+            return out
+
+        def save_checkpoint(self, checkpoint_dir: str) -> None:
+            with open(os.path.join(checkpoint_dir, "state.pkl"), "wb") as f:
+                pickle.dump({"state": self.runner.states[0], "curves": self.runner.curves,
+                             "steps": self.runner.steps}, f)
+
+        def load_checkpoint(self, checkpoint_dir: str) -> None:
+            with open(os.path.join(checkpoint_dir, "state.pkl"), "rb") as f:
+                saved = pickle.load(f)
+            self.runner.states[0], self.runner.curves, self.runner.steps = (saved["state"], saved["curves"],
+                                                                            saved["steps"])
+
+    return OneConfig
+
+
+def tune_pbt(out: Path, args: argparse.Namespace) -> dict:
+    """Ray Tune's PopulationBasedTraining over the same space, local Ray on 127.0.0.1."""
+    t0 = time.perf_counter()
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from harness.space import LogUniform, Uniform
+    from studies._spaces import PPO
+
+    space = {**PPO, "vf_coef": Uniform(0.25, 1.0)}
+
+    def dist(d: Any) -> Any:
+        return tune.loguniform(d.low, d.high) if isinstance(d, LogUniform) else tune.uniform(d.low, d.high)
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+             configure_logging=False, log_to_driver=False)
+    try:
+        pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=args.interval,
+                                      hyperparam_mutations={k: dist(d) for k, d in space.items()})
+        rng = np.random.default_rng(0)
+        tuner = tune.Tuner(
+            tune.with_resources(_tune_trainable(), {"cpu": 1}),
+            param_space={"static": {**STATIC, "total_timesteps": args.timesteps}, "seeds": args.seeds,
+                         "names": list(space), "index": tune.sample_from(lambda _: int(rng.integers(1 << 30))),
+                         **{k: dist(d) for k, d in space.items()}},
+            tune_config=tune.TuneConfig(scheduler=pbt, metric="score", mode="max", num_samples=args.population,
+                                        reuse_actors=True),
+            run_config=tune.RunConfig(storage_path=str(out), name="tune_pbt", verbose=0,
+                                      checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0)))
+        grid = tuner.fit()
+        finals = [r.metrics.get("final") for r in grid if r.metrics and r.metrics.get("final") is not None]
+    finally:
+        ray.shutdown()
+    return dict(score=float(max(finals)) if finals else float("nan"), wall_s=time.perf_counter() - t0,
+                configs=len(finals))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--population", type=int, default=16, help="configurations N (a multiple of 4)")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--timesteps", type=int, default=102_400, help="env steps per seed (5,120 per chunk)")
+    p.add_argument("--interval", type=int, default=4, help="chunks between exploit steps")
+    args = p.parse_args()
+    if args.population % 4:
+        raise SystemExit("--population must be a multiple of 4")
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="pbt-bench-") as tmp:
+        folder = Path(tmp)
+        path = study_file(folder, args)
+        rows["kernel-pbt"] = harness_study(path, folder / "a", "pbt", 1, args.population, args)
+        print("kernel-pbt", json.dumps(rows["kernel-pbt"]), flush=True)
+        rows["tpe"] = harness_study(path, folder / "b", "none", args.population // 4, 4, args)
+        print("tpe", json.dumps(rows["tpe"]), flush=True)
+        rows["tune-pbt"] = tune_pbt(folder / "c", args)
+        print("tune-pbt", json.dumps(rows["tune-pbt"]), flush=True)
+    steps = args.population * args.seeds * args.timesteps
+    print(f"CartPole-v1 PPO, {args.population} configurations x {args.seeds} seeds x {args.timesteps:,} steps "
+          f"({steps:,} env steps each), exploit every {args.interval} chunks")
+    print(f"{'method':11} {'best score':>10} {'wall_s':>8} {'configs scored':>15}")
+    for name, r in rows.items():
+        print(f"{name:11} {r['score']:>10.1f} {r['wall_s']:>8.1f} {r['configs']:>15}")
+    print(f"ratio wall time tune-pbt/kernel-pbt: {rows['tune-pbt']['wall_s'] / rows['kernel-pbt']['wall_s']:.2f}; "
+          f"tpe/kernel-pbt: {rows['tpe']['wall_s'] / rows['kernel-pbt']['wall_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
