@@ -134,6 +134,7 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
             study=meta["study"], config_id=top["config_id"], params=top["params"],
             metric=metric, search_score=float(row[metric]),
             reevaluation=dict(mean=float(vals.mean()) if len(vals) else None, iqm=iqm(vals),
+                              final_return=_mean(top.get("final_returns")),
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
                               ci95=[lo, hi], seeds=len(top["scores"] or []), scores=top["scores"],
                               diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
@@ -175,6 +176,12 @@ def tuned_vs_default(tuned: dict[str, Any], control: dict[str, Any] | None, metr
                 difference=dict(mean=diff, ci95=[lo, hi], paired_seeds=paired),
                 better=bool(np.isfinite(lo) and min(sign * lo, sign * hi) > 0),
                 ratio=_ratio(a, b))
+
+
+def _mean(values: list[float | None] | None) -> float | None:
+    """Mean of the finite values; None when there are none."""
+    finite = [v for v in values or [] if v is not None and np.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
 
 
 def _ratio(a: list[float], b: list[float]) -> float | None:

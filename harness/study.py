@@ -568,8 +568,10 @@ class Runner:
             b = json.loads(paths["best"].read_text())
             ev = b.get("reevaluation")
             if ev and ev.get("mean") is not None:
+                final = (f", final return {ev['final_return']:.1f}" if b.get("objective", "final") != "final"
+                         and ev.get("final_return") is not None else "")
                 print(f"best: {b['config_id']} re-evaluated {ev['mean']:.1f} (95% CI {ev['ci95'][0]:.1f}"
-                      f"..{ev['ci95'][1]:.1f}) on {ev['seeds']} fresh seeds; search score "
+                      f"..{ev['ci95'][1]:.1f}) on {ev['seeds']} fresh seeds{final}; search score "
                       f"{b['search_score']:.1f}")
                 print(f"  {_fmt(b['params'])}")
                 print(f"  reproduce: {b['reproduce']['command']}")

@@ -156,12 +156,11 @@ def test_study__baseline_names_searched_settings_and_must_build():
 
 
 def test_control__algorithm_defaults_unless_the_study_states_a_baseline():
-    import argparse
-
     import studies
-    from harness.study import Runner
+    from harness.study import Runner, _parser
 
-    runner = Runner(argparse.Namespace(name="cartpole_ppo", out="/tmp/unused", smoke=True), [])
+    argv = ["cartpole_ppo", "--smoke", "--out", "/tmp/unused"]
+    runner = Runner(_parser().parse_args(argv), argv)
     runner.budget = Budget(1, 1, 1, 20480)
     params, static, hparams = runner.control()
     assert params == {"lr": 2.5e-4, "gamma": 0.99, "gae_lambda": 0.95, "clip_eps": 0.2, "ent_coef": 0.01,
