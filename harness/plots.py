@@ -213,7 +213,8 @@ def _control_html(best: dict[str, Any]) -> str:
 
     d = t["difference"]
     verdict = ("Tuning helps: the paired difference's 95% CI excludes 0." if t["better"] else
-               "No clear gain from tuning: the paired difference's 95% CI includes 0.")
+               "The default is better: the paired difference's 95% CI excludes 0 the other way."
+               if t.get("worse") else "No clear difference: the paired difference's 95% CI includes 0.")
     diff = "" if d["mean"] is None else f"{d['mean']:+.4g} (95% CI {d['ci95'][0]:+.4g} .. {d['ci95'][1]:+.4g})"
     return (f"<h3>Tuned vs default (same fresh seeds)</h3><table class='board'><tr><th></th><th>configuration"
             f"</th><th>score</th></tr><tr><td>tuned</td><td>{html.escape(t['tuned']['config_id'])}</td>"

@@ -155,7 +155,8 @@ def tuned_vs_default(tuned: dict[str, Any], control: dict[str, Any] | None, metr
     """The tuned configuration against the control, both re-trained on the same fresh seeds:
     each one's score (``metric`` over seeds) with a bootstrap 95% CI, and the paired
     difference tuned - default with its 95% CI (seeds resampled in pairs). ``better`` says
-    whether the difference's CI excludes 0 in the study's direction."""
+    whether the difference's CI excludes 0 in the study's direction, ``worse`` whether it
+    excludes 0 the other way (the default is better)."""
     if not control or control.get("failed") or tuned.get("failed"):
         return None
 
@@ -175,6 +176,7 @@ def tuned_vs_default(tuned: dict[str, Any], control: dict[str, Any] | None, metr
     return dict(tuned=side(tuned), default=dict(side(control), params=control["params"]),
                 difference=dict(mean=diff, ci95=[lo, hi], paired_seeds=paired),
                 better=bool(np.isfinite(lo) and min(sign * lo, sign * hi) > 0),
+                worse=bool(np.isfinite(lo) and max(sign * lo, sign * hi) < 0),
                 ratio=_ratio(a, b))
 
 

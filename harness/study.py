@@ -591,7 +591,8 @@ def tuned_vs_default_line(t: dict[str, Any], objective: str) -> str:
     diff = ("no paired seeds" if d["mean"] is None else
             f"paired difference {d['mean']:+.1f} (95% CI {d['ci95'][0]:+.1f}..{d['ci95'][1]:+.1f}) over "
             f"{d['paired_seeds']} seeds")
-    verdict = "tuning helps" if t["better"] else "no clear gain from tuning"
+    verdict = ("tuning helps" if t["better"] else "the default is better" if t.get("worse")
+               else "no clear difference")
     return f"tuned vs default ({objective}): {side(t['tuned'])} vs {side(t['default'])}; {diff}: {verdict}"
 
 

@@ -247,7 +247,12 @@ def test_report__tuned_vs_default_pairs_the_seeds(tmp_path):
     write_json(tmp_path / "final.json", {"trials": [0], "configs": [_final_config("t0000c0", control["scores"])],
                                          "control": control})
     t = json.loads(report.build(tmp_path)["best"].read_text())["tuned_vs_default"]
-    assert t["difference"]["mean"] == 0.0 and not t["better"]
+    assert t["difference"]["mean"] == 0.0 and not t["better"] and not t["worse"]
+    write_json(tmp_path / "final.json", {"trials": [0], "configs": [_final_config("t0000c0", default)],
+                                         "control": _final_config("default", [v + 5 for v in default])})
+    t = json.loads(report.build(tmp_path)["best"].read_text())["tuned_vs_default"]
+    assert t["worse"] and not t["better"]
+    assert "The default is better" in (tmp_path / "reports" / "index.html").read_text()
 
 
 def test_summary__tuned_vs_default_line_says_whether_tuning_helped():
