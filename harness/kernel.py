@@ -301,8 +301,8 @@ class TrialRunner:
         values = jax.device_get(self.hps[0])
         self.hparams = [{n: float(getattr(values, n)[i]) for n in self.plan.hparams[i]}
                         for i in range(self.configs)]
-        return {"chunk": k, "source": [int(s) for s in np.asarray(source)], "fitness": fitness.tolist(),
-                "hparams": self.hparams}
+        return {"chunk": k, "source": [int(s) for s in np.asarray(source)],
+                "fitness": [float(f) if np.isfinite(f) else None for f in fitness], "hparams": self.hparams}
 
     @property
     def done(self) -> bool:

@@ -164,3 +164,15 @@ def test_train_cli__replays_a_schedule_and_rejects_a_malformed_one(tmp_path):
     assert "Traceback" not in r.stderr
     r = subprocess.run([*args, "--schedule", str(tmp_path / "none.json")], capture_output=True, text=True)
     assert r.returncode == 2 and "No such file or directory" in r.stderr
+
+
+def test_kernel__pbt_replaces_a_diverged_configuration_and_records_it_as_json():
+    import json
+
+    plan = dataclasses.replace(PLAN, hparams=[*PLAN.hparams[:3], {"lr": 1e3, "ent_coef": 0.01}])  # lr 1e3 diverges
+    result = run_trial(plan)
+    first = next(c.pbt for c in result.curves if c.pbt)
+    assert first["fitness"][3] is None and first["source"][3] != 3  # ranked last, replaced by a healthy one
+    json.dumps([c.pbt for c in result.curves if c.pbt], allow_nan=False)  # what the record writer demands
+    assert not result.diverged[3].any() and np.isfinite(result.scores[3]).all()  # it trained on from the copy
+    assert 1e-4 <= result.final_hparams[3]["lr"] <= 3e-3
