@@ -43,6 +43,20 @@ def ray_env(cache_home):
     assert not leftover, f"Ray processes left running: {leftover}"
 
 
+def stop_ray_processes(tmp: str, *, grace: float = 10.0) -> None:
+    """Stops the Ray processes of the private RAY_TMPDIR ``tmp`` by PID (never another Ray on the
+    machine, as ``ray stop`` would): SIGTERM, then SIGKILL for those still alive after ``grace`` s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _ray_processes(tmp):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while _ray_processes(tmp) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]

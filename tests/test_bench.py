@@ -26,7 +26,7 @@ TINY = {
                         "ratio tensorboard before/now:"),
     "eval_overhead.py": (["--studies", "cartpole_ppo", "--chunks", "1"],
                          "ratio kernel time evaluated/train-only:"),
-    "pbt_search.py": (["--population", "4", "--seeds", "1", "--timesteps", "15360", "--interval", "1"],
+    "pbt_search.py": (["--population", "8", "--seeds", "1", "--timesteps", "10240", "--interval", "1"],
                       "ratio wall time tune-pbt/kernel-pbt:"),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1"], "ratio evals/min us/naive:"),

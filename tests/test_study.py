@@ -21,7 +21,7 @@ import pytest
 
 from harness import report
 from harness.records import load_trials
-from tests.conftest import _ray_processes
+from tests.conftest import _ray_processes, stop_ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "20480", "--no-asha"]
@@ -186,20 +186,19 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
 @pytest.mark.slow
 def test_study__population_based_training_end_to_end(tmp_path, ray_env):
     r = _study("cartpole_ppo", "--scheduler", "pbt", "--trials", "1", "--configs-per-trial", "4", "--seeds", "2",
-               "--timesteps", "51200", "--out", str(tmp_path), env=ray_env)
+               "--timesteps", "30720", "--out", str(tmp_path), env=ray_env)
     assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "cartpole_ppo"
     (record,) = load_trials(root)
     events = [c["pbt"] for c in record["curves"] if c.get("pbt")]
-    assert [e["chunk"] for e in events] == [4, 8] and all(sum(s != i for i, s in enumerate(e["source"])) == 1
-                                                          for e in events)
+    assert [e["chunk"] for e in events] == [4] and sum(s != i for i, s in enumerate(events[0]["source"])) == 1
     pbt = pd.read_csv(root / "reports" / "pbt.csv")
-    assert len(pbt) == 4 * 3 and pbt.copied.sum() == 2
+    assert len(pbt) == 4 * 2 and pbt.copied.sum() == 1
     assert (root / "reports" / "pbt.png").read_bytes()[:4] == b"\x89PNG"
     ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
     assert {t.state.name for t in ostudy.trials} == {"FAIL"}  # kept out of TPE's model ...
     assert all("pbt" in t.user_attrs and "pbt_value" in t.user_attrs for t in ostudy.trials)  # ... but kept
-    assert all(len(t.intermediate_values) == 10 for t in ostudy.trials)
+    assert all(len(t.intermediate_values) == 6 for t in ostudy.trials)
     final = json.loads((root / "final.json").read_text())
     copied = [c for c in final["configs"] if c.get("schedule")]
     for c in copied:  # a copied configuration's re-training replays its lineage's schedule
@@ -308,11 +307,7 @@ def test_study__runs_on_an_existing_ray_cluster(tmp_path, ray_env):
         assert r.returncode == 0, r.stdout + r.stderr
         assert len(load_trials(tmp_path / "cartpole_ppo-smoke")) == 2
     finally:  # by PID, this test's processes only: `ray stop` would stop every Ray on the machine
-        for pid in _ray_processes(env["RAY_TMPDIR"]):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        stop_ray_processes(env["RAY_TMPDIR"])
 
 
 @pytest.mark.parametrize("name", STUDY_NAMES)
