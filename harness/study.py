@@ -476,7 +476,7 @@ class Runner:
             failed = any(res is None for _, _, res in parts)
 
             def joined(key: str, parts: list = parts, failed: bool = failed) -> list | None:
-                return None if failed else [v for _, i, res in parts for v in res.get(key, res["scores"])[i]]
+                return None if failed else [v for _, i, res in parts for v in res[key][i]]
             out[cid] = {"config_id": cid, "params": params, "hparams": hparams, "static": static,
                         "failed": failed, "scores": joined("scores"), "final_returns": joined("final_returns"),
                         "diverged": joined("diverged"),
