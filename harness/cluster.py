@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,8 +58,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(address: str | None) -> tuple[str | None, str | None]:
+def start(address: str | None, code_dir: str | None = None) -> tuple[str | None, str | None]:
     """Joins the Ray cluster at ``address``, or starts an embedded one on 127.0.0.1.
+
+    ``code_dir`` (a study file's folder) reaches the trials: on the embedded Ray its workers
+    import from it; on a cluster it is shipped as the job's working directory, with this
+    project's packages, so a worker node needs only the dependencies.
 
     Returns the dashboard URL and (for the embedded Ray) the node's Prometheus metrics URL.
     """
@@ -70,10 +75,18 @@ def start(address: str | None) -> tuple[str | None, str | None]:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if address:
         _use_token_if_any()  # read at import too
+    # The driver has used JAX (the env check) before Ray forks its processes; they exec at once,
+    # so JAX's fork warning does not apply.
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+    if code_dir and not address:  # the embedded Ray's workers inherit the driver's environment
+        paths = [code_dir, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     import ray
 
     kwargs: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR,
                                   configure_logging=True)
+    if address:
+        kwargs["runtime_env"] = _shipped_code(code_dir)
     try:
         if address:
             _check_reachable(address)
@@ -92,6 +105,20 @@ def start(address: str | None) -> tuple[str | None, str | None]:
     url = getattr(ctx, "dashboard_url", None)
     dashboard = f"http://{url}" if url and not url.startswith("http") else url
     return dashboard, None if address else f"http://127.0.0.1:{metrics_port}/metrics"
+
+
+def _shipped_code(code_dir: str | None) -> dict[str, Any]:
+    """Ray runtime environment carrying this project's packages (and ``code_dir``) to workers."""
+    import algos
+    import envs
+    import harness
+    import studies
+
+    env: dict[str, Any] = {"py_modules": [os.path.dirname(m.__file__) for m in (algos, envs, harness, studies)]}
+    if code_dir:
+        env["working_dir"] = code_dir
+        env["excludes"] = ["results/", "*.sqlite3", ".git/", "__pycache__/", ".venv/"]
+    return env
 
 
 def run_once(fn: Any, *args: Any, gpu: bool) -> Any:

@@ -106,7 +106,10 @@ class Study:
     Attributes:
         name: the registry name (``python -m harness.study NAME``).
         description: one line for ``--list``.
-        env: a registered environment name.
+        env: an environment name for ``envs.make``: registered (``CartPole-v1``), another
+            library's (``brax:ant``), or one's own (``"my_package.envs:make_env"``). A study
+            file may also hold the env itself: an ``envs.Environment`` instance or class, or a
+            factory returning one or ``(env, params)``.
         algo: a registered algorithm name (``ppo``, ``sac``).
         config: static config fields fixed for the whole study.
         space: searched names -> distributions (static fields or hyperparameters).
@@ -137,7 +140,7 @@ class Study:
 
     name: str
     description: str
-    env: str
+    env: Any  # str, or (in a study file) an Environment instance, class or factory
     algo: str
     space: dict[str, Distribution]
     cpu: Budget
@@ -156,6 +159,7 @@ class Study:
     baseline: dict[str, Any] = field(default_factory=dict)
     scheduler: Literal["asha", "pbt", "none"] = "asha"
     pbt: PBT | None = None
+    source: str | None = None  # the study file it came from (set by studies.load_file)
 
     def __post_init__(self) -> None:
         if self.direction is None:  # frozen: set once, here

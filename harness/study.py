@@ -101,8 +101,9 @@ class Runner:
         self.study: Study = studies.get(args.name)
         try:
             self.spec = algos.get(self.study.algo)
-            envs.make(self.study.env)
-        except (algos.UnknownAlgoError, envs.UnknownEnvError) as err:
+            env, env_params = envs.make(self.study.env)
+            envs.check(env, env_params)  # before Ray starts: a broken env fails here, in one line
+        except (algos.UnknownAlgoError, envs.UnknownEnvError, envs.EnvContractError) as err:
             raise StudyError(f"study {self.study.name}: {err}") from None
         self.root = Path(args.out).resolve() / (self.study.name + ("-smoke" if args.smoke else ""))
         self.config_fields = {f.name for f in dataclasses.fields(self.spec.config_cls)}
@@ -162,7 +163,8 @@ class Runner:
         validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=early.timesteps)
         self._validate_pbt(early)
         self.device_bytes = parse_bytes(self.args.device_memory) if self.args.device_memory else None
-        dashboard, metrics = cluster.start(self.args.address)
+        dashboard, metrics = cluster.start(self.args.address, code_dir=self.study.source and
+                                           str(Path(self.study.source).parent))
         try:
             place = cluster.placement(_cache_dir())
             budget = self._budget(place.kind, meta)

@@ -1,59 +1,98 @@
-"""Named studies, one module each: ``studies.get(name) -> Study``.
+"""Named studies: ``studies.get(name) -> Study``.
 
-``get`` also accepts the path of a Python file that defines ``STUDY`` (a user's own study).
+Built in: one module per study in this package, each defining ``STUDY``. Installed packages
+add theirs through the entry-point group ``rl_harness.studies`` (each entry point names a
+``Study`` or a module defining ``STUDY``). ``get`` also accepts the path of a Python file that
+defines ``STUDY`` (a user's own study), whose env may be defined in that file or next to it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import importlib.util
+import importlib.metadata
 import pkgutil
 from pathlib import Path
+from types import ModuleType
 
 from harness.space import Study, StudyError
 
+ENTRY_POINTS = "rl_harness.studies"
 
-def registered() -> dict[str, Study]:
-    """Every study module's ``STUDY``, by name (sorted)."""
+
+def _builtin() -> dict[str, Study]:
     found = {}
     for info in pkgutil.iter_modules(__path__):
         study = getattr(importlib.import_module(f"studies.{info.name}"), "STUDY", None)
         if isinstance(study, Study):
             found[study.name] = study
-    return dict(sorted(found.items()))
+    return found
+
+
+def _plugins() -> dict[str, Study]:
+    """Studies registered by installed packages. A broken entry point is reported, not skipped."""
+    found = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        where = f"entry point {ep.name!r} ({ep.value}) of {ENTRY_POINTS}"
+        try:
+            obj = ep.load()
+        except Exception as err:
+            raise StudyError(f"{where} failed to load: {type(err).__name__}: {err}") from None
+        study = getattr(obj, "STUDY", None) if isinstance(obj, ModuleType) else obj
+        if not isinstance(study, Study):
+            raise StudyError(f"{where} must name a harness.space.Study or a module defining STUDY")
+        found[study.name] = _with_env_name(study, f"{ep.module}:{ep.attr or 'STUDY'}")
+    return found
+
+
+def registered() -> dict[str, Study]:
+    """Every built-in and installed study, by name (sorted). A built-in name wins a clash."""
+    return dict(sorted({**_plugins(), **_builtin()}.items()))
 
 
 def get(name: str) -> Study:
-    """The study called ``name``.
+    """The study called ``name``, or the ``STUDY`` of the file ``name`` (ends in ``.py``).
 
     Raises:
         StudyError: unknown name; the message lists the known studies.
     """
     if name.endswith(".py"):
         return load_file(Path(name))
+    builtin = _builtin()
+    if name in builtin:
+        return builtin[name]
     studies = registered()
     if name not in studies:
-        raise StudyError(f"unknown study {name!r}; known studies: {', '.join(studies)}")
+        raise StudyError(f"unknown study {name!r}; known studies: {', '.join(studies)} "
+                         "(or the path of a study file, my_study.py)")
     return studies[name]
 
 
 def load_file(path: Path) -> Study:
-    """The ``STUDY`` defined by the Python file at ``path``.
+    """The ``STUDY`` defined by the Python file at ``path`` (its folder goes on ``sys.path``).
+
+    An env the study holds as an object becomes the name ``"/abs/path/file.py:STUDY.env"``,
+    which any process (a Ray worker) can rebuild.
 
     Raises:
         StudyError: the file is missing, does not run, or defines no ``STUDY``.
     """
+    from envs.custom import EnvSpecError
+    from envs.custom import load_file as run_file
+
     if not path.is_file():
         raise StudyError(f"no study file at {path}")
-    spec = importlib.util.spec_from_file_location(f"_study_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     try:
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except Exception as err:  # a user's file: any error is theirs, reported in one line
-        line = getattr(err, "lineno", None)
-        where = f"{path}:{line}" if line else str(path)
-        raise StudyError(f"study file {where} failed: {type(err).__name__}: {err}") from None
+        module = run_file(path)
+    except EnvSpecError as err:
+        raise StudyError(f"study file {err}") from None
     study = getattr(module, "STUDY", None)
     if not isinstance(study, Study):
         raise StudyError(f"study file {path} must define STUDY = harness.space.Study(...)")
-    return study
+    return dataclasses.replace(_with_env_name(study, f"{path.resolve()}:STUDY"), source=str(path.resolve()))
+
+
+def _with_env_name(study: Study, where: str) -> Study:
+    """``study`` with its env as a name: an env object is named by the study's own place
+    (``where``, ``"module:STUDY"`` or ``"/path/file.py:STUDY"``) plus ``.env``."""
+    return study if isinstance(study.env, str) else dataclasses.replace(study, env=f"{where}.env")

@@ -79,5 +79,6 @@ def test_adapters__unknown_names_list_the_choices():
         envs.make("gymnax:Acrobat-v1")
     with pytest.raises(envs.UnknownEnvError, match="jumanji envs: .*Snake-v1"):
         envs.make("jumanji:Snaek-v1")
-    with pytest.raises(envs.UnknownEnvError, match="adapters: gymnax, jumanji"):
-        envs.make("brax:ant")
+    with pytest.raises(envs.UnknownEnvError, match=r"'mujoco_gym' is neither an adapter library "
+                                                   r"\(gymnax, jumanji, brax\)"):
+        envs.make("mujoco_gym:ant")

@@ -1,7 +1,8 @@
 """Adapters to other JAX environment libraries (optional extras: ``pip install -e .[adapters]``).
 
-``envs.make("gymnax:Acrobot-v1")`` or ``envs.make("jumanji:Snake-v1")`` come here; nothing in
-``envs`` or ``algos`` imports this package otherwise, so gymnax and Jumanji stay optional.
+``envs.make("gymnax:Acrobot-v1")``, ``envs.make("jumanji:Snake-v1")`` or ``envs.make("brax:ant")``
+come here; nothing in ``envs`` or ``algos`` imports this package otherwise, so gymnax, Jumanji
+and Brax stay optional (Brax: ``pip install -e .[brax]``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from envs.core import Environment
 
-LIBRARIES = ("gymnax", "jumanji")
+LIBRARIES = ("gymnax", "jumanji", "brax")
 
 
 def make(library: str, name: str, **param_overrides: Any) -> tuple[Environment, Any]:
@@ -24,9 +25,11 @@ def make(library: str, name: str, **param_overrides: Any) -> tuple[Environment, 
     try:
         if library == "gymnax":
             from envs.adapters.gymnax import make_gymnax as build
+        elif library == "brax":
+            from envs.adapters.brax import make_brax as build
         else:
             from envs.adapters.jumanji import make_jumanji as build
     except ImportError as err:
         raise ValueError(f"{library} is not installed ({err.name} missing); "
-                         f"pip install -e '.[adapters]'") from err
+                         f"pip install -e '.[{'brax' if library == 'brax' else 'adapters'}]'") from err
     return build(name, **param_overrides)

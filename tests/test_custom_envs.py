@@ -1,0 +1,203 @@
+"""Environments of one's own: named by import path or file, held by a study file, checked against the
+contract before Ray starts; the README's example study run as written; studies from entry points."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import envs
+from envs.check import EnvContractError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- example: my_study.py -->\n```python\n(.*?)```", text, re.S)
+    assert match, "README lost its example study file"
+    return match.group(1)
+
+
+def _study(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.study", *args], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=cwd)
+
+
+def _one_error_line(result: subprocess.CompletedProcess, expect: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and expect in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- naming an env by where its code is -------------------------------------------------------------
+
+@pytest.fixture
+def corridor_module(tmp_path, monkeypatch):
+    """``corridor_mod.py`` (the README's env) importable as a module, and the same file by path."""
+    (tmp_path / "corridor_mod.py").write_text(_readme_example() + textwrap.dedent("""
+        def make_env():
+            env = Corridor()
+            return env, env.default_params.replace(length=5)
+        INSTANCE = Corridor()
+        NOT_AN_ENV = 3
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path / "corridor_mod.py"
+
+
+def test_make__by_import_path_or_file_builds_the_env(corridor_module):
+    for name in ("corridor_mod:Corridor", "corridor_mod:INSTANCE", "corridor_mod:STUDY.env",
+                 f"{corridor_module}:Corridor"):
+        env, params = envs.make(name)
+        assert env.name == "Corridor" and params.length == 8, name
+        envs.check(env, params)
+    env, params = envs.make("corridor_mod:make_env")  # a factory returning (env, params)
+    assert params.length == 5 and env.observation_space(params).shape == (5,)
+    assert envs.make("corridor_mod:Corridor", max_steps=9)[1].max_steps == 9
+
+
+def test_make__bad_code_names_say_what_is_wrong(corridor_module, tmp_path):
+    cases = {
+        "corridor_mod:Nope": "has no 'Nope'",
+        "corridor_mod:NOT_AN_ENV": "must be an envs.Environment",
+        f"{tmp_path}/missing.py:Env": "no Python file",
+        "no_such_module_xyz:Env": "neither an adapter library",
+    }
+    for name, expect in cases.items():
+        with pytest.raises(envs.UnknownEnvError, match=re.escape(expect)):
+            envs.make(name)
+    (tmp_path / "broken_mod.py").write_text("x = 1\nraise RuntimeError('boom')\n")
+    with pytest.raises(envs.UnknownEnvError, match=r"broken_mod.py:2 failed: RuntimeError: boom"):
+        envs.make(f"{tmp_path}/broken_mod.py:x")
+
+
+# -- the contract check -----------------------------------------------------------------------------
+
+BROKEN = {
+    # what is changed in the README's corridor -> what the check must say
+    "obs_dtype": ("return jax.nn.one_hot(state.pos, params.length), state",
+                  "return jax.nn.one_hot(state.pos, params.length).astype(jnp.int32), state",
+                  "reset observation has shape (8,) dtype int32"),
+    "obs_shape": ("return Box(0.0, 1.0, (params.length,))", "return Box(0.0, 1.0, (params.length + 1,))",
+                  "the observation space says shape (9,)"),
+    "no_time": ("new = CorridorState(pos=pos, time=state.time + 1)", "new = CorridorState(pos=pos, time=state.time)",
+                "not truncated at max_steps"),
+    "python_branch": ("pos = jnp.clip(", "pos = state.pos if action == 0 else jnp.clip(",
+                      "do not run under jit and vmap"),
+    "reward_shape": ("reward=jnp.where(at_exit, 1.0, -0.01)", "reward=jnp.where(at_exit, 1.0, -0.01) * jnp.ones(2)",
+                     "reward has shape (2,)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_check__names_what_is_wrong_in_one_line(case, tmp_path):
+    old, new, expect = BROKEN[case]
+    source = _readme_example()
+    assert old in source
+    path = tmp_path / f"broken_{case}.py"
+    path.write_text(source.replace(old, new))
+    env, params = envs.make(f"{path}:Corridor")
+    with pytest.raises(EnvContractError) as err:
+        envs.check(env, params)
+    assert expect in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_check__accepts_every_registered_env():
+    for name in envs.registered():
+        envs.check(*envs.make(name))
+
+
+def test_study_cli__broken_env_is_one_line_before_ray(tmp_path):
+    old, new, _ = BROKEN["obs_dtype"]
+    path = tmp_path / "my_study.py"
+    path.write_text(_readme_example().replace(old, new))
+    r = _study(str(path), "--smoke", "--out", str(tmp_path / "results"))
+    _one_error_line(r, "study corridor_ppo: env 'Corridor': reset observation has shape (8,) dtype int32")
+    assert not (tmp_path / "results").exists(), "nothing may start before the env is checked"
+
+
+# -- the README's example, run as written, and an env module next to a study file -------------------
+
+@pytest.mark.slow
+def test_readme_example__custom_env_study_runs_and_learns(tmp_path, ray_env):
+    (tmp_path / "my_study.py").write_text(_readme_example())
+    r = _study("my_study.py", "--smoke", "--out", "results", env=ray_env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    root = tmp_path / "results" / "corridor_ppo-smoke"
+    meta = json.loads((root / "study.json").read_text())
+    assert meta["env"] == f"{tmp_path / 'my_study.py'}:STUDY.env"
+    best = json.loads((root / "reports" / "best.json").read_text())
+    # the exit is 7 steps away: 1 - 6 x 0.01 = 0.94 at best; walking at random rarely gets there
+    assert best["reevaluation"]["mean"] > 0.8, best["reevaluation"]
+
+
+@pytest.mark.slow
+def test_study_file__env_module_next_to_it_reaches_the_workers(tmp_path, ray_env):
+    (tmp_path / "corridor_envs.py").write_text(_readme_example().split("STUDY = Study(")[0] + textwrap.dedent("""
+        def make_env():
+            env = Corridor()
+            return env, env.default_params.replace(length=4)
+    """))
+    study = _readme_example().split("STUDY = Study(")[1]
+    study = study.replace("env=Corridor(),", 'env="corridor_envs:make_env",').replace('"corridor_ppo"', '"side"')
+    (tmp_path / "side_study.py").write_text("from harness.space import *\nSTUDY = Study(" + study)
+    r = _study(str(tmp_path / "side_study.py"), "--smoke", "--trials", "1", "--out", str(tmp_path / "out"),
+               env=ray_env)  # run from the repository root: only the study file's folder has the module
+    assert r.returncode == 0, r.stdout + r.stderr
+    best = json.loads((tmp_path / "out" / "side-smoke" / "reports" / "best.json").read_text())
+    assert best["reevaluation"]["mean"] > 0.9  # 3 steps to the exit: 0.98 at best
+
+
+# -- studies from installed packages ----------------------------------------------------------------
+
+def _plugin(tmp_path: Path, target: str, body: str) -> dict:
+    """A fake installed distribution registering ``target`` in the rl_harness.studies group."""
+    site = tmp_path / "site"
+    (site / "harness_plugin_demo").mkdir(parents=True)
+    (site / "harness_plugin_demo" / "__init__.py").write_text("")
+    (site / "harness_plugin_demo" / "studies.py").write_text(textwrap.dedent(body))
+    info = site / "harness_plugin_demo-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: harness-plugin-demo\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[rl_harness.studies]\nplugin_corridor = {target}\n")
+    return {**__import__("os").environ, "PYTHONPATH": f"{site}:{ROOT}", "JAX_PLATFORMS": "cpu"}
+
+
+PLUGIN = """
+    from harness.space import Budget, LogUniform, Study
+
+    STUDY = Study(name="plugin_corridor", description="a study from an installed package",
+                  env="CartPole-v1", algo="ppo", space=dict(lr=LogUniform(1e-4, 1e-3)),
+                  cpu=Budget(1, 1, 1, 1024), gpu=Budget(1, 1, 1, 1024), smoke=Budget(1, 1, 1, 1024))
+"""
+
+
+def test_entry_points__installed_studies_are_listed_and_found(tmp_path):
+    env = _plugin(tmp_path, "harness_plugin_demo.studies:STUDY", PLUGIN)
+    r = subprocess.run([sys.executable, "-m", "harness.study", "--list"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.splitlines()]
+    assert "plugin_corridor" in names and "cartpole_ppo" in names
+    check = ("import studies; s = studies.get('plugin_corridor'); print(s.name, s.env)")
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.stdout.split() == ["plugin_corridor", "CartPole-v1"], r.stderr
+    unknown = _study("nope", "--out", str(tmp_path / "o"), env=env, cwd=tmp_path)
+    _one_error_line(unknown, "plugin_corridor")
+
+
+def test_entry_points__a_broken_one_is_named(tmp_path):
+    env = _plugin(tmp_path, "harness_plugin_demo.studies:NOT_THERE", PLUGIN)
+    r = subprocess.run([sys.executable, "-m", "harness.study", "--list"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
+    _one_error_line(r, "entry point 'plugin_corridor' (harness_plugin_demo.studies:NOT_THERE) of "
+                       "rl_harness.studies failed to load")
+
