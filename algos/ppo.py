@@ -10,7 +10,7 @@ over configurations and seeds.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -32,6 +32,7 @@ from algos.common import (
     track_episodes,
 )
 from algos.gae import gae
+from algos.normalize import RunningStats
 from algos.networks import Activation, ActorCritic, Network, TransformerActorCritic, ppo_distribution
 from envs import Box, Discrete, Environment
 
@@ -53,8 +54,13 @@ class PPOConfig:
     num_heads: int = 2
     num_layers: int = 2
     use_action_mask: bool = True  # False: ignore the env's action mask (for comparison)
+    normalize_observations: bool = False  # running mean/var per run, updated from each rollout
+    squash: Literal["clip", "tanh"] = "clip"  # continuous actions: a Gaussian clipped to the box,
+    # or tanh-squashed into it
     anneal_lr: bool = True
     normalize_advantages: bool = True
+    clip_value_loss: bool = True  # PPO's clipped value loss; off for large returns (it moves V by at
+    # most clip_eps per step)
     eval_episodes: int = 16
     divergence_loss: float = 1e7  # |loss| above this (or non-finite) marks a run diverged
 
@@ -62,6 +68,8 @@ class PPOConfig:
         require_positive(self, "num_envs", "num_steps", "num_minibatches", "update_epochs",
                          "updates_per_chunk", "eval_episodes", "embed_dim", "num_heads",
                          "num_layers")
+        if self.squash not in ("clip", "tanh"):
+            raise ValueError(f"squash={self.squash!r}; choose from clip, tanh")
         if self.network not in ("mlp", "transformer"):
             raise ValueError(f"network={self.network!r}; choose from mlp, transformer")
         if self.embed_dim % self.num_heads:
@@ -110,11 +118,12 @@ class PPOHParams:
     ent_coef: jax.Array
     vf_coef: jax.Array
     max_grad_norm: jax.Array
+    reward_scale: jax.Array  # rewards are multiplied by it for learning (returns are reported unscaled)
 
     @classmethod
     def default(cls, **overrides: float) -> PPOHParams:
         defaults = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01,
-                        vf_coef=0.5, max_grad_norm=0.5)
+                        vf_coef=0.5, max_grad_norm=0.5, reward_scale=1.0)
         return float32_hparams(cls, defaults, overrides)
 
 
@@ -128,6 +137,7 @@ class PPOState:
     key: jax.Array
     update: jax.Array  # [] int32 updates done
     diverged: jax.Array  # [] bool, sticky
+    obs_stats: RunningStats | None = None  # with normalize_observations
 
 
 class PPOMetrics(NamedTuple):
@@ -192,9 +202,17 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         return (mask if config.use_action_mask else None), mask
 
     def env_action(action: jax.Array) -> jax.Array:
+        """The env's action for the policy's (a Gaussian sample or mean, pre-squash for tanh)."""
+        if isinstance(space, Box) and config.squash == "tanh":
+            return space.low + (jnp.tanh(action) + 1.0) * 0.5 * (space.high - space.low)
         if isinstance(space, Box):
             return jnp.clip(action, space.low, space.high)
         return action
+
+    # With observation normalisation, the policy's parameters are the network's and the
+    # statistics: {"params", "obs_stats"}; without, the network's alone (as before).
+    def apply(params: Any, stats: RunningStats | None, obs: jax.Array) -> tuple:
+        return net.apply(params, obs if stats is None else stats.normalize(obs))
 
     def optimizer(hp: PPOHParams) -> optax.GradientTransformation:
         lr: Any = hp.lr
@@ -208,14 +226,15 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         obs_shape = env.observation_space(env_params).shape
         params = net.init(k_net, jnp.zeros(obs_shape))
         obs, env_state = reset_envs(jax.random.split(k_env, config.num_envs), env_params)
+        stats = RunningStats.empty(obs_shape) if config.normalize_observations else None
         return PPOState(params, optimizer(hp).init(params), env_state, obs,
                         EpisodeTracker.zeros(config.num_envs), k_run, jnp.int32(0),
-                        jnp.bool_(False))
+                        jnp.bool_(False), stats)
 
     def rollout(state: PPOState) -> tuple[PPOState, _Traj, Finished, jax.Array]:
         def one_step(carry: PPOState, key: jax.Array) -> tuple[PPOState, tuple]:
             k_act, k_env = jax.random.split(key)
-            pi_out, log_std, value = net.apply(carry.params, carry.obs)
+            pi_out, log_std, value = apply(carry.params, carry.obs_stats, carry.obs)
             mask, env_mask = policy_mask(carry.env_state)
             dist = ppo_distribution(pi_out, log_std, mask)
             action = dist.sample(seed=k_act)
@@ -233,9 +252,10 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
             one_step, state.replace(key=key), jax.random.split(k_roll, config.num_steps))
         return state, traj, Finished(*(jnp.sum(x) for x in fin)), jnp.mean(illegal)
 
-    def loss_fn(params: Any, hp: PPOHParams, batch: tuple) -> tuple[jax.Array, tuple]:
+    def loss_fn(params: Any, hp: PPOHParams, batch: tuple,
+                stats: RunningStats | None) -> tuple[jax.Array, tuple]:
         traj, adv, targets = batch
-        pi_out, log_std, value = net.apply(params, traj.obs)
+        pi_out, log_std, value = apply(params, stats, traj.obs)
         dist = ppo_distribution(pi_out, log_std, traj.mask)  # the rollout's mask: same support
         log_ratio = dist.log_prob(traj.action) - traj.log_prob
         ratio = jnp.exp(log_ratio)
@@ -243,14 +263,18 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         pg_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps)
                                * adv).mean()
-        v_clipped = traj.value + jnp.clip(value - traj.value, -hp.clip_eps, hp.clip_eps)
-        v_loss = 0.5 * jnp.maximum((value - targets) ** 2, (v_clipped - targets) ** 2).mean()
+        v_loss = (value - targets) ** 2
+        if config.clip_value_loss:
+            v_clipped = traj.value + jnp.clip(value - traj.value, -hp.clip_eps, hp.clip_eps)
+            v_loss = jnp.maximum(v_loss, (v_clipped - targets) ** 2)
+        v_loss = 0.5 * v_loss.mean()
         entropy = dist.entropy().mean()
         total = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy
         approx_kl = ((ratio - 1) - log_ratio).mean()
         return total, (v_loss, pg_loss, entropy, approx_kl)
 
-    def epoch(carry: tuple, key: jax.Array, hp: PPOHParams, batch: tuple) -> tuple[tuple, tuple]:
+    def epoch(carry: tuple, key: jax.Array, hp: PPOHParams, batch: tuple,
+              stats: RunningStats | None) -> tuple[tuple, tuple]:
         params, opt_state = carry
         perm = jax.random.permutation(key, config.batch_size)
         shuffled = jax.tree.map(
@@ -259,7 +283,7 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
 
         def minibatch(c: tuple, mb: tuple) -> tuple[tuple, tuple]:
             p, o = c
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, hp, mb)
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, hp, mb, stats)
             updates, o = optimizer(hp).update(grads, o, p)
             return (optax.apply_updates(p, updates), o), (loss, *aux)
 
@@ -267,12 +291,16 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
 
     def update(state: PPOState, hp: PPOHParams) -> tuple[PPOState, PPOMetrics]:
         state, traj, fin, illegal = rollout(state)
-        _, _, next_values = net.apply(state.params, traj.final_obs)
-        adv, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
-                           hp.gamma, hp.gae_lambda)
+        # bootstrap values with the statistics the rollout acted with (those its values used)
+        _, _, next_values = apply(state.params, state.obs_stats, traj.final_obs)
+        adv, targets = gae(traj.reward * hp.reward_scale, traj.value, next_values, traj.terminated,
+                           traj.done, hp.gamma, hp.gae_lambda)
+        # then the statistics take in this rollout's observations (as Brax's PPO does), and
+        # the updates see observations normalised by them
+        stats = None if state.obs_stats is None else state.obs_stats.update(traj.obs)
         key, k_epochs = jax.random.split(state.key)
         (params, opt_state), losses = jax.lax.scan(
-            lambda c, k: epoch(c, k, hp, (traj, adv, targets)),
+            lambda c, k: epoch(c, k, hp, (traj, adv, targets), stats),
             (state.params, state.opt_state),
             jax.random.split(k_epochs, config.update_epochs))
         losses = [jnp.mean(x) for x in losses]
@@ -280,7 +308,7 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         ep_return, ep_length = finished_means(fin)
         update_idx = state.update + 1
         state = state.replace(params=params, opt_state=opt_state, key=key, update=update_idx,
-                              diverged=diverged)
+                              diverged=diverged, obs_stats=stats)
         metrics = PPOMetrics(update_idx * config.batch_size, ep_return, ep_length, fin.count,
                              *losses, diverged, illegal)
         return state, metrics
@@ -289,8 +317,18 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         return jax.lax.scan(lambda s, _: update(s, hp), state, None,
                             length=config.updates_per_chunk)
 
-    def act(params: Any, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-        pi_out, log_std, _ = net.apply(params, obs)
+    def policy_params(state: PPOState) -> Any:
+        if state.obs_stats is None:
+            return state.params
+        return {"params": state.params, "obs_stats": state.obs_stats}
+
+    def act(policy: Any, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        if config.normalize_observations:  # a dict (restored from msgpack, stats as a dict too)
+            s = policy["obs_stats"]
+            stats = s if isinstance(s, RunningStats) else RunningStats(s["mean"], s["var"], s["count"])
+            pi_out, log_std, _ = apply(policy["params"], stats, obs)
+        else:
+            pi_out, log_std, _ = net.apply(policy, obs)
         if not discrete:
             return env_action(pi_out)
         if mask is not None and config.use_action_mask:
@@ -298,8 +336,9 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         return jnp.argmax(pi_out, -1)
 
     def evaluate(state: PPOState, key: jax.Array, num_episodes: int | None = None) -> EvalMetrics:
-        return evaluate_policy(env, env_params, lambda o, m: act(state.params, o, m), key,
+        return evaluate_policy(env, env_params, lambda o, m: act(policy_params(state), o, m), key,
                                num_episodes or config.eval_episodes)
 
-    return Algo(init, chunk, evaluate, act, lambda state: state.params, ("params", "opt_state", "diverged"))
+    learner = ("params", "opt_state", "diverged") + (("obs_stats",) if config.normalize_observations else ())
+    return Algo(init, chunk, evaluate, act, policy_params, learner)
 
