@@ -32,8 +32,8 @@ from algos.common import (
     track_episodes,
 )
 from algos.gae import gae
-from algos.normalize import RunningStats
 from algos.networks import Activation, ActorCritic, Network, TransformerActorCritic, ppo_distribution
+from algos.normalize import RunningStats
 from envs import Box, Discrete, Environment
 
 

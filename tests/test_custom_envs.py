@@ -88,11 +88,13 @@ BROKEN = {
                   "reset observation has shape (8,) dtype int32"),
     "obs_shape": ("return Box(0.0, 1.0, (params.length,))", "return Box(0.0, 1.0, (params.length + 1,))",
                   "the observation space says shape (9,)"),
-    "no_time": ("new = CorridorState(pos=pos, time=state.time + 1)", "new = CorridorState(pos=pos, time=state.time)",
+    "no_time": ("new = CorridorState(pos=pos, time=state.time + 1)",
+                "new = CorridorState(pos=pos, time=state.time)",
                 "not truncated at max_steps"),
     "python_branch": ("pos = jnp.clip(", "pos = state.pos if action == 0 else jnp.clip(",
                       "do not run under jit and vmap"),
-    "reward_shape": ("reward=jnp.where(at_exit, 1.0, -0.01)", "reward=jnp.where(at_exit, 1.0, -0.01) * jnp.ones(2)",
+    "reward_shape": ("reward=jnp.where(at_exit, 1.0, -0.01)",
+                     "reward=jnp.where(at_exit, 1.0, -0.01) * jnp.ones(2)",
                      "reward has shape (2,)"),
 }
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "20480", "--no-asha"]
 
 
-STUDY_NAMES = ["cartpole_ppo", "cartpole_sac", "dungeon_ppo", "pendulum_sac", "snake_ppo"]
+STUDY_NAMES = ["ant_ppo", "cartpole_ppo", "cartpole_sac", "dungeon_ppo", "pendulum_sac", "snake_ppo"]
 
 
 def _study(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -51,7 +51,7 @@ def _write_study(path: Path, body: str) -> Path:
 
 def test_study_cli__unknown_study_lists_known_ones(tmp_path):
     _one_error_line(_study("nope", "--out", str(tmp_path)),
-                    "unknown study 'nope'; known studies: cartpole_ppo, cartpole_sac, dungeon_ppo, "
+                    "unknown study 'nope'; known studies: ant_ppo, cartpole_ppo, cartpole_sac, dungeon_ppo, "
                     "pendulum_sac, snake_ppo")
 
 
@@ -181,6 +181,17 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
     before = {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")}
     assert subprocess.run([sys.executable, "-m", "harness.report", str(root)], cwd=ROOT).returncode == 0
     assert {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")} == before
+
+
+@pytest.mark.slow
+def test_study__robot_study_smoke_runs(tmp_path, ray_env):
+    pytest.importorskip("brax")
+    r = _study("ant_ppo", "--smoke", "--trials", "1", "--out", str(tmp_path), env=ray_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    best = json.loads((tmp_path / "ant_ppo-smoke" / "reports" / "best.json").read_text())
+    # Ant earns 1 per step for staying up: a run that fell at once would score far lower
+    assert best["reevaluation"]["mean"] > 300, best["reevaluation"]
+    assert best["reproduce"]["command"].count("--env brax:ant:positional") == 1
 
 
 @pytest.mark.slow
@@ -321,7 +332,7 @@ def test_registered_studies__every_static_choice_builds_at_every_budget(name):
     for budget in (study.cpu, study.gpu, study.smoke):
         validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)
     assert study.static_names({f for f in spec.config_cls.__dataclass_fields__}) in (
-        [], ["num_minibatches"], ["batch_size"], ["network"])
+        [], ["num_minibatches"], ["batch_size"], ["network"], ["num_steps"])
 
 
 @pytest.mark.slow
