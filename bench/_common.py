@@ -22,6 +22,21 @@ def compile_and_time(fn: Callable, *args: Any) -> tuple[Callable, float]:
     return compiled, time.perf_counter() - t0
 
 
+def time_whole_run(algo: Any, keys: jax.Array, hp: Any, eval_keys: jax.Array) -> tuple[Any, float, float]:
+    """Compiles init + one chunk + evaluation of ``algo`` over ``[C, S]`` lanes as one function,
+    then runs it; returns (evaluation return per lane, compile seconds, run seconds)."""
+    from algos.common import batched
+
+    def train(keys: jax.Array, hp: Any, eval_keys: jax.Array) -> jax.Array:
+        state = batched(algo.init)(keys, hp)
+        state, _ = batched(algo.chunk)(state, hp)
+        return batched(algo.evaluate, hparams_argnum=None)(state, eval_keys).return_mean
+
+    fn, compile_s = compile_and_time(train, keys, hp, eval_keys)
+    returns, run_s = timed(lambda: fn(keys, hp, eval_keys))
+    return returns, compile_s, run_s
+
+
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     """Runs ``fn`` to completion (blocking on its arrays); returns its result and seconds."""
     t0 = time.perf_counter()

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 
 import envs
 from algos import ppo
-from algos.common import batched
 
 E, T, M, EPOCHS = 64, 16, 8, 4
 HP = dict(lr=1e-3, gamma=0.97, gae_lambda=0.95, clip_eps=0.2, ent_coef=1e-3, vf_coef=0.5, max_grad_norm=1e9,
@@ -41,13 +40,7 @@ def run_ours(name: str, timesteps: int, configs: int, episode_length: int) -> di
     keys = jax.random.split(jax.random.key(0), configs)[:, None]
     eval_keys = jax.random.split(jax.random.key(1), configs)[:, None]
 
-    def train(keys, hp, eval_keys):
-        state = batched(algo.init)(keys, hp)
-        state, _ = batched(algo.chunk)(state, hp)
-        return batched(algo.evaluate, hparams_argnum=None)(state, eval_keys).return_mean
-
-    fn, compile_s = _common.compile_and_time(train, keys, hp, eval_keys)
-    returns, run_s = _common.timed(lambda: fn(keys, hp, eval_keys))
+    returns, compile_s, run_s = _common.time_whole_run(algo, keys, hp, eval_keys)
     steps = config.num_updates * config.batch_size * configs
     return dict(impl="us", configs=configs, compile_s=compile_s, sps=steps / run_s,
                 **{"return": float(jnp.mean(returns))})

@@ -17,7 +17,6 @@ from rejax import PPO
 
 import envs
 from algos import ppo
-from algos.common import batched
 
 HP = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
           max_grad_norm=0.5)
@@ -33,13 +32,7 @@ def run_ours(seeds: int, timesteps: int) -> dict:
     keys = jax.random.split(jax.random.key(0), seeds)[None]
     eval_keys = jax.random.split(jax.random.key(1), seeds)[None]
 
-    def train(keys, hp, eval_keys):
-        state = batched(algo.init)(keys, hp)
-        state, _ = batched(algo.chunk)(state, hp)
-        return batched(algo.evaluate, hparams_argnum=None)(state, eval_keys).return_mean
-
-    fn, compile_s = _common.compile_and_time(train, keys, hp, eval_keys)
-    returns, run_s = _common.timed(lambda: fn(keys, hp, eval_keys))
+    returns, compile_s, run_s = _common.time_whole_run(algo, keys, hp, eval_keys)
     steps = config.num_updates * config.batch_size * seeds
     return dict(impl="us", seeds=seeds, compile_s=compile_s, run_s=run_s, sps=steps / run_s,
                 **{"return": float(jnp.mean(returns))})
