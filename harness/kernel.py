@@ -229,6 +229,8 @@ class TrialRunner:
         self.runs = self.configs * plan.seeds
         self.compile_s, self.kernel_s, self.steps = 0.0, 0.0, 0
         self.curves: list[ChunkReport] = []
+        self.restored_chunks = 0  # chunks that came from a snapshot (restore) rather than this process
+        self._warm = False  # the chunk function has run once in this runner (its compile is paid)
         self._start(min(config_batch or self.configs, self.configs))
 
     def _start(self, batch: int) -> None:
@@ -316,10 +318,11 @@ class TrialRunner:
             self._shrink(err)  # re-runs the chunks done so far in a narrower shape
             return self.chunk()
         dt = time.perf_counter() - t
-        if self.curves:
+        if self._warm:
             self.kernel_s += dt
         else:  # the first call compiles; count it as overhead, not kernel time
             self.compile_s += dt
+            self._warm = True
         new_steps = int(np.asarray(m.env_steps)[0, 0, -1])
         report = ChunkReport(
             chunk=len(self.curves) + 1, num_chunks=self.config.num_chunks, env_steps=new_steps,
@@ -332,6 +335,75 @@ class TrialRunner:
         if self._exploit is not None and report.chunk % int(self.plan.pbt["interval"]) == 0 and not self.done:
             report.pbt = self._exploit_explore(report.chunk)
         return report
+
+    # -- mid-run snapshots ------------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """Everything this trial needs to go on in another process, as msgpack bytes: every
+        run's state (parameters, optimiser states, env states, RNG keys, running statistics),
+        the hyperparameters in effect, the chunks done and their reports. Independent of the
+        sub-batch width: a snapshot restores into any ``config_batch``."""
+        import dataclasses
+        import json
+
+        import jax
+        from flax import serialization
+
+        state = self._gather(_key_data)
+        hps = self._gather_hps()
+        curves = [{**{f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "pbt"},
+                   "pbt": json.dumps(r.pbt) if r.pbt else ""} for r in self.curves]
+        return serialization.msgpack_serialize({
+            "format": SNAPSHOT_FORMAT, "plan": json.dumps(dataclasses.asdict(self.plan), sort_keys=True),
+            "state": {str(i): x for i, x in enumerate(jax.tree.leaves(state))},
+            "hps": {str(i): x for i, x in enumerate(jax.tree.leaves(hps))},
+            "hparams": json.dumps(self.hparams), "curves": {str(i): c for i, c in enumerate(curves)},
+            "steps": self.steps, "kernel_seconds": self.kernel_s, "compile_seconds": self.compile_s})
+
+    def restore(self, blob: bytes) -> None:
+        """Continues from :meth:`snapshot` ``blob`` of the same plan: the chunks after it give
+        bit-identical results to a run that was never interrupted (same keys, same chunking).
+        Raises ``ValueError`` for a snapshot of another plan or one that cannot be read."""
+        import dataclasses
+        import json
+
+        import jax
+        from flax import serialization
+
+        try:
+            snap = serialization.msgpack_restore(blob)
+            ok = isinstance(snap, dict) and snap.get("format") == SNAPSHOT_FORMAT
+        except Exception as err:  # a truncated or corrupt file: msgpack raises several kinds
+            raise ValueError(f"unreadable trial snapshot ({type(err).__name__})") from None
+        if not ok:
+            raise ValueError("not a trial snapshot of this version")
+        if snap["plan"] != json.dumps(dataclasses.asdict(self.plan), sort_keys=True):
+            raise ValueError(f"the snapshot belongs to another trial than trial {self.plan.trial}")
+        if self.curves:
+            raise ValueError("restore() needs a runner that has not run a chunk")
+        template_state, template_hps = self._gather(_key_data), self._gather_hps()
+        state = _fill(template_state, snap["state"])
+        hps = _fill(template_hps, snap["hps"])
+        for g, idx in enumerate(self.groups):
+            padded = np.array(idx + [idx[0]] * (self.batch - len(idx)))
+            self.states[g] = jax.device_put(jax.tree.map(
+                lambda new, old, p=padded: _rekey(new[p], old), state, self.states[g]))
+            self.hps[g] = jax.device_put(jax.tree.map(lambda x, p=padded: x[p], hps))
+        self.hparams = json.loads(snap["hparams"])
+        self.curves = []
+        for i in range(len(snap["curves"])):
+            c = dict(snap["curves"][str(i)])
+            c["pbt"] = json.loads(c["pbt"]) if c["pbt"] else None
+            self.curves.append(ChunkReport(**{k: (v if isinstance(v, np.ndarray) or not hasattr(v, "item")
+                                                  else v.item()) for k, v in c.items()}))
+        self.steps = int(snap["steps"])
+        self.kernel_s, self.compile_s = float(snap["kernel_seconds"]), float(snap["compile_seconds"])
+        self.restored_chunks = len(self.curves)
+
+    def _gather_hps(self) -> Any:
+        import jax
+
+        parts = [_first(jax.device_get(hp), len(idx)) for hp, idx in zip(self.hps, self.groups, strict=True)]
+        return jax.tree.map(lambda *x: np.concatenate(x), *parts)
 
     def _gather(self, leaves_of: Callable[[Any], Any]) -> Any:
         """``leaves_of(state)`` of every sub-batch on the host, joined to leaves ``[C, S, ...]``."""
@@ -384,6 +456,45 @@ def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = 
         if on_chunk is not None:
             on_chunk(report)
     return runner.finish()
+
+
+SNAPSHOT_FORMAT = "rl-harness trial snapshot 1"
+
+
+def _key_data(tree: Any) -> Any:
+    """``tree`` with every typed PRNG key array replaced by its raw ``uint32`` data."""
+    import jax
+
+    def raw(x: Any) -> Any:
+        return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+    return jax.tree.map(raw, tree)
+
+
+def _rekey(data: Any, like: Any) -> Any:
+    """``data`` as a typed key array when ``like`` (the live leaf it replaces) is one."""
+    import jax
+
+    if jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(np.asarray(data), impl=jax.random.key_impl(like))
+    return data
+
+
+def _fill(template: Any, leaves: dict[str, Any]) -> Any:
+    """``template``'s structure with the snapshot's leaves, each checked against its shape and dtype."""
+    import jax
+
+    flat, treedef = jax.tree.flatten(template)
+    if len(leaves) != len(flat):
+        raise ValueError(f"the snapshot holds {len(leaves)} arrays where this trial has {len(flat)}")
+    out = []
+    for i, like in enumerate(flat):
+        x = np.asarray(leaves[str(i)])
+        if x.shape != np.shape(like) or x.dtype != np.asarray(like).dtype:
+            raise ValueError(f"snapshot array {i} is {x.dtype}{list(x.shape)}, this trial expects "
+                             f"{np.asarray(like).dtype}{list(np.shape(like))}")
+        out.append(x)
+    return jax.tree.unflatten(treedef, out)
 
 
 def _first(tree: Any, n: int) -> Any:

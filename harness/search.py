@@ -164,7 +164,8 @@ class BatchedOptunaSearcher(Searcher):
                   "objective": plan.objective, "threshold": plan.threshold, "pbt": plan.pbt,
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
                   "env_steps": int(result.get("env_steps", 0)),
-                  **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error")
+                  **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error",
+                                            "resumed_after_chunk", "checkpoints", "checkpoint_seconds")
                      if k in result}}
         self.on_complete(record)
         report_intermediate(self.ostudy, trials, record)

@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
                         "training inside each trial's kernel; none: run every trial to the end (default: the "
                         "study's, usually asha)")
     p.add_argument("--no-asha", action="store_true", help="the same as --scheduler none")
+    p.add_argument("--checkpoint-every", metavar="EVERY", default="60s",
+                   help="how often a running trial saves its whole kernel, so a trial whose worker or driver "
+                        "died goes on from there: seconds ('60s', the default; stretched to keep saving under "
+                        "5%% of a trial's time), chunks ('4chunks') or 'never'")
     p.add_argument("--device-memory", metavar="SIZE",
                    help="memory a device gives trials (e.g. 40GiB); default: measured on a GPU, unlimited on "
                         "a CPU. Trial shapes that do not fit run their configurations in sub-batches")
@@ -158,6 +162,7 @@ class Runner:
         from harness.stats import describe_objective
 
         meta = self._prepare_folder()
+        self.checkpoint_every = parse_checkpoint_every(self.args.checkpoint_every)
         # Fail fast, before Ray starts: the budget's values and the search space at its size.
         early = self._budget("cpu", meta)
         validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=early.timesteps)
@@ -171,6 +176,7 @@ class Runner:
             validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=budget.timesteps)
             self._validate_pbt(budget)
             place = self._fit_memory(place, budget)
+            place = dataclasses.replace(place, device={**place.device, **self.checkpoint_every})
             if meta is None:
                 meta = {"study": self.study.name, "env": self.study.env, "algo": self.study.algo,
                         "direction": self.study.direction, "metric": self.study.metric,
@@ -281,7 +287,8 @@ class Runner:
                                         trial_dirname_creator=_trial_dirname),
             run_config=tune.RunConfig(name=f"run-{runs}", storage_path=str(self.root / "tune"), verbose=0,
                                       callbacks=[_Progress(self)],
-                                      failure_config=tune.FailureConfig(max_failures=2)))
+                                      failure_config=tune.FailureConfig(max_failures=2),
+                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
         try:
             tuner.fit()
         finally:
@@ -356,6 +363,7 @@ class Runner:
         from harness import report
 
         write_json(trial_path(self.root, record["trial"]), record)
+        _drop_kernel_checkpoints(self.root / "tune", f"*/trial_{record['tune_trial_id']}")  # no retry needs them
         self.done += 1
         self.running_steps.pop(record["tune_trial_id"], None)
         self._note_best(record)
@@ -536,8 +544,10 @@ class Runner:
                                         trial_dirname_creator=_trial_dirname),
             run_config=tune.RunConfig(name=f"final-{runs}", storage_path=str(self.root / "tune"), verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=2),
-                                      checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True)))
+                                      checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True,
+                                                                              num_to_keep=2)))
         grid = tuner.fit()
+        _drop_kernel_checkpoints(self.root / "tune" / f"final-{runs}", "trial_*")
         done = {}
         for r in grid:
             if r.error is None and r.metrics.get("final"):
@@ -598,6 +608,20 @@ def tuned_vs_default_line(t: dict[str, Any], objective: str) -> str:
     return f"tuned vs default ({objective}): {side(t['tuned'])} vs {side(t['default'])}; {diff}: {verdict}"
 
 
+def parse_checkpoint_every(text: str) -> dict[str, float]:
+    """``--checkpoint-every``: '90s' / '90', '4chunks' or 'never' as the trials' device settings."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|seconds?|chunks?)?\s*", text or "")
+    if text.strip().lower() in ("never", "off", "0"):
+        return {"checkpoint_seconds": 0, "checkpoint_chunks": 0}
+    if not m or float(m.group(1)) <= 0 or (m.group(2) or "").startswith("chunk") and not m.group(1).isdigit():
+        raise StudyError(f"--checkpoint-every {text!r}: give seconds ('60s'), chunks ('4chunks') or 'never'")
+    if (m.group(2) or "s").startswith("chunk"):
+        return {"checkpoint_seconds": 0, "checkpoint_chunks": int(m.group(1))}
+    return {"checkpoint_seconds": float(m.group(1)), "checkpoint_chunks": 0}
+
+
 def _kind(dist: Any) -> str:
     """How a searched name is plotted: ``log``, ``uniform``, ``int`` or ``categorical``."""
     from harness.space import Categorical, Int, LogUniform
@@ -611,6 +635,15 @@ def _cache_dir() -> str:
     """JAX's persistent compilation cache, shared by every study and trial process on a node."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "rl-harness", "jax")
+
+
+def _drop_kernel_checkpoints(folder: Path, trials: str) -> None:
+    """Deletes the mid-run kernel checkpoints of the Tune trial folders ``folder/trials`` (a glob):
+    once a trial is recorded no retry needs them, and they can be large (SAC's replay buffers)."""
+    from harness.trainable import KERNEL_FILE
+
+    for path in folder.glob(f"{trials}/checkpoint_*/{KERNEL_FILE}"):
+        path.unlink(missing_ok=True)
 
 
 def _trial_dirname(trial: Any) -> str:

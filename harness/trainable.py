@@ -18,7 +18,17 @@ from typing import Any
 from ray import tune
 
 _SETUP_DONE = False
+KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint: the trial's whole kernel (TrialRunner.snapshot)
+CHECKPOINT_SECONDS = 60.0  # default interval between mid-run checkpoints
 _CORE_LOCKS: list[Any] = []  # held for the process's lifetime
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
 
 
 def _pin_cpu_cores(count: int) -> list[int]:
@@ -170,10 +180,13 @@ class StudyTrial(tune.Trainable):
         from harness.kernel import OutOfMemory, TrialPlan, TrialRunner
 
         self.plan = TrialPlan(**config["plan"])
+        self.device = config.get("device", {})
         self.study_name = config.get("study", "")
         self.started = time.perf_counter()
         self.last: dict[str, Any] = {}
         self.oom: str | None = None
+        self.last_checkpoint = (time.monotonic(), 0)  # (when, after how many chunks)
+        self.checkpoint_seconds, self.checkpoints = 0.0, 0
         self.watchdog.busy()
         try:  # compiles on first use of a static config
             self.runner = TrialRunner(self.plan, config_batch=shape_of(config).get("config_batch"))
@@ -186,11 +199,17 @@ class StudyTrial(tune.Trainable):
         return True
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        """At the end of a trial: each run's policy parameters, ``c{config}_s{seed}.msgpack``.
-
-        No mid-trial checkpoints: a trial is minutes long, and a failed one re-runs from its seeds.
-        """
-        if self.oom is not None or not self.runner.done:
+        """Mid-run: the whole kernel (``kernel.msgpack``, ``TrialRunner.snapshot``), so a retried
+        trial goes on from here with the same results. At the end: each run's policy parameters,
+        ``c{config}_s{seed}.msgpack``."""
+        if self.oom is not None:
+            return None
+        t = time.perf_counter()
+        if not self.runner.done:
+            _write_atomic(os.path.join(checkpoint_dir, KERNEL_FILE), self.runner.snapshot())
+            self.checkpoint_seconds += time.perf_counter() - t
+            self.checkpoints += 1
+            self.last_checkpoint = (time.monotonic(), len(self.runner.curves))
             return None
         import jax
         from flax import serialization
@@ -199,12 +218,34 @@ class StudyTrial(tune.Trainable):
         for c in range(len(self.plan.hparams)):
             for s in range(self.plan.seeds):
                 one = jax.tree.map(lambda x, c=c, s=s: x[c, s], params)
-                with open(os.path.join(checkpoint_dir, f"c{c}_s{s}.msgpack"), "wb") as f:
-                    f.write(serialization.to_bytes(one))
+                _write_atomic(os.path.join(checkpoint_dir, f"c{c}_s{s}.msgpack"), serialization.to_bytes(one))
         return None
 
-    def load_checkpoint(self, checkpoint: Any) -> None:
-        pass
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """A retried trial (its worker died): continues from the kernel saved mid-run."""
+        path = os.path.join(checkpoint_dir, KERNEL_FILE)
+        if self.oom is None and os.path.exists(path):
+            with open(path, "rb") as f:
+                self.runner.restore(f.read())
+            self.last_checkpoint = (time.monotonic(), len(self.runner.curves))
+            print(f"rl-harness: trial {self.plan.trial} resumed after chunk {self.runner.restored_chunks}",
+                  flush=True)
+
+    def _checkpoint_due(self) -> bool:
+        """Whether to checkpoint after this chunk: every ``checkpoint_chunks`` chunks when set,
+        else every ``checkpoint_seconds`` s, stretched to 20 x the last save's cost so saving
+        stays under 5% of the trial's time."""
+        if self.runner.done:
+            return False
+        since, at = self.last_checkpoint
+        every_chunks = int(self.device.get("checkpoint_chunks", 0))
+        if every_chunks:
+            return len(self.runner.curves) - at >= every_chunks
+        seconds = float(self.device.get("checkpoint_seconds", CHECKPOINT_SECONDS))
+        if seconds <= 0:
+            return False
+        cost = self.checkpoint_seconds / self.checkpoints if self.checkpoints else 0.0
+        return time.monotonic() - since >= max(seconds, 20 * cost)
 
     def __repr__(self) -> str:
         plan = getattr(self, "plan", None)
@@ -224,6 +265,8 @@ class StudyTrial(tune.Trainable):
             self.watchdog.idle()
             return {"done": True, "error": self.oom, "score": float("nan")}
         _maybe_crash(self.plan, r.chunk)
+        self.last.update(resumed_after_chunk=self.runner.restored_chunks, checkpoints=self.checkpoints,
+                         checkpoint_seconds=self.checkpoint_seconds)
         returns, diverged = _floats(r.returns), r.diverged.tolist()
         so_far = _floats(self.runner.objective_so_far())  # the objective at this rung, per run
         self.last.update(env_steps=r.env_steps, returns=returns, evals=_floats(r.evals), objective=so_far,
@@ -237,7 +280,8 @@ class StudyTrial(tune.Trainable):
         if not self.runner.done:  # the last chunk is reported with the evaluation
             _export(self.study_name, self.plan.trial, per_config, r.steps_per_sec)
             self.watchdog.idle()
-            return {"score": _best(so_far, diverged, maximize), **self.last}
+            return {"score": _best(so_far, diverged, maximize), **self.last,
+                    "should_checkpoint": self._checkpoint_due()}
         result = self.runner.finish()
         self.watchdog.idle()
         scores, diverged = _floats(result.scores), result.diverged.tolist()
@@ -282,9 +326,10 @@ def trainable_for(study: str, resources: dict[str, float]) -> type[StudyTrial]:
 
 def _maybe_crash(plan: Any, chunk: int) -> None:
     """Fault injection for the reliability tests: ``RL_HARNESS_CRASH=TRIAL:TIMES:DIR`` makes
-    search trial TRIAL's worker die after its first chunk, the first TIMES attempts (counted in DIR)."""
+    search trial TRIAL's worker die after its first chunk (``RL_HARNESS_CRASH_CHUNK``: that chunk),
+    the first TIMES attempts (counted in DIR)."""
     spec = os.environ.get("RL_HARNESS_CRASH")
-    if not spec or chunk != 1 or plan.stream != 0:
+    if not spec or chunk != int(os.environ.get("RL_HARNESS_CRASH_CHUNK", "1")) or plan.stream != 0:
         return
     trial = plan.trial
     target, times, folder = spec.split(":", 2)

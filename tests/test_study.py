@@ -266,15 +266,22 @@ def test_study__sigkill_then_same_command_finishes_without_rerunning(tmp_path, r
 
 
 @pytest.mark.slow
-def test_study__killed_worker_is_retried_and_one_that_keeps_failing_is_recorded(tmp_path, ray_env):
-    env = {**ray_env, "RL_HARNESS_CRASH": f"1:1:{tmp_path}"}  # trial 1's worker dies once, mid-trial
-    r = _study("cartpole_ppo", *TINY, "--trials", "2", "--out", str(tmp_path / "a"), env=env)
+def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_failing_is_recorded(tmp_path,
+                                                                                                 ray_env):
+    # trial 1's worker dies once, after its second chunk; it checkpointed after the first
+    every = ["--checkpoint-every", "1chunk", "--sampler", "random"]
+    env = {**ray_env, "RL_HARNESS_CRASH": f"1:1:{tmp_path}", "RL_HARNESS_CRASH_CHUNK": "2"}
+    r = _study("cartpole_ppo", *TINY, "--trials", "2", *every, "--out", str(tmp_path / "a"), env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [rec["status"] for rec in load_trials(tmp_path / "a" / "cartpole_ppo")] == ["complete", "complete"]
+    crashed = load_trials(tmp_path / "a" / "cartpole_ppo")
+    assert [rec["status"] for rec in crashed] == ["complete", "complete"]
     assert (tmp_path / "crash-1-0").exists()
+    assert crashed[1]["resumed_after_chunk"] == 1 and crashed[0]["resumed_after_chunk"] == 0
+    assert not list((tmp_path / "a").rglob("kernel.msgpack"))  # recorded trials keep no kernel checkpoints
 
-    env = {**ray_env, "RL_HARNESS_CRASH": f"0:99:{tmp_path}"}  # trial 0's worker always dies
-    r = _study("cartpole_ppo", *TINY, "--trials", "2", "--out", str(tmp_path / "b"), env=env)
+    # trial 0's worker always dies (after chunk 2: each retry resumes from chunk 1 and dies again)
+    env = {**ray_env, "RL_HARNESS_CRASH": f"0:99:{tmp_path}", "RL_HARNESS_CRASH_CHUNK": "2"}
+    r = _study("cartpole_ppo", *TINY, "--trials", "2", *every, "--out", str(tmp_path / "b"), env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     records = load_trials(tmp_path / "b" / "cartpole_ppo")
     assert [rec["status"] for rec in records] == ["failed", "complete"]
@@ -285,6 +292,14 @@ def test_study__killed_worker_is_retried_and_one_that_keeps_failing_is_recorded(
     configs = pd.read_csv(tmp_path / "b" / "cartpole_ppo" / "reports" / "configs.csv")
     failed = configs[configs.trial == 0]
     assert set(failed.status) == {"failed"} and failed["rank"].isna().all()
+
+    # here trial 1 (the same proposals: random sampler, same seed) ran without interruption:
+    # the resumed run's results are bit-identical
+    whole = records[1]
+    assert whole["resumed_after_chunk"] == 0 and whole["checkpoints"] >= 1
+    assert [c["params"] for c in whole["configs"]] == [c["params"] for c in crashed[1]["configs"]]
+    for key in ("configs", "curves", "env_steps"):
+        assert whole[key] == crashed[1][key], key
 
 
 @pytest.mark.slow
