@@ -107,6 +107,94 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
     return dashboard, None if address else f"http://127.0.0.1:{metrics_port}/metrics"
 
 
+def note_session(path: Any) -> None:
+    """Writes which driver runs the embedded Ray and its session folder, so a later run of the
+    same study can stop what a killed driver left behind (:func:`stop_leftovers`)."""
+    import ray
+
+    from harness.records import write_json
+
+    node = ray._private.worker._global_node  # the only handle on the session folder
+    write_json(path, {"driver_pid": os.getpid(), "session_dir": node.get_session_dir_path()})
+
+
+def stop_leftovers(path: Any, *, grace: float = 5.0) -> list[int]:
+    """Stops the processes of the embedded Ray recorded at ``path`` (:func:`note_session`) whose
+    driver is dead: Ray's own processes of that session and their workers, found by their command
+    line or open files in its session folder (a killed driver leaves some running). Returns their
+    PIDs. A driver still running the study is an error: two drivers must not share a study."""
+    import json
+    import signal
+    import time
+    from pathlib import Path
+
+    try:
+        info = json.loads(Path(path).read_text())
+        pid, session = int(info["driver_pid"]), str(info["session_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if pid != os.getpid() and "harness.study" in _cmdline(pid):
+        raise ClusterError(f"another driver (pid {pid}) is running this study in {Path(path).parent}; "
+                           "wait for it or stop it first")
+    found = [p for p in _session_processes(session) if p != os.getpid()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in found:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while any(_state(p) not in ("", "Z") for p in found) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    Path(path).unlink(missing_ok=True)
+    if found:
+        print(f"stopped {len(found)} Ray processes a killed run of this study left behind")
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _session_processes(session: str) -> list[int]:
+    """PIDs whose command line names ``session`` or that hold a file open in it (Linux /proc;
+    elsewhere nothing is found)."""
+    out = []
+    if not session or not os.path.isdir("/proc"):
+        return out
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if session in _cmdline(pid):
+            out.append(pid)
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(session):
+                    out.append(pid)
+                    break
+            except OSError:
+                continue
+    return out
+
+
 def _shipped_code(code_dir: str | None) -> dict[str, Any]:
     """Ray runtime environment carrying this project's packages (and ``code_dir``) to workers."""
     import algos

@@ -417,16 +417,18 @@ class TrialRunner:
         """The deterministic policy's parameters of every run, on the host: leaves ``[C, S, ...]``."""
         return self._gather(self.algo.policy_params)
 
-    def objective_so_far(self) -> np.ndarray:
-        """``[C, S]`` each run's value under the plan's objective from the chunks done so far (the
-        latest evaluation standing in for the final one): what the scheduler compares at a rung."""
-        return self._objective(None)
+    def objective_so_far(self, chunks: int | None = None) -> np.ndarray:
+        """``[C, S]`` each run's value under the plan's objective from the chunks done so far (or
+        the first ``chunks``), the latest evaluation standing in for the final one: what the
+        scheduler compares at a rung."""
+        return self._objective(None, chunks)
 
-    def _objective(self, final: np.ndarray | None) -> np.ndarray:
-        evals = np.stack([r.evals for r in self.curves])
-        values = objective_values(evals, [r.env_steps for r in self.curves], self.plan.objective, final=final,
+    def _objective(self, final: np.ndarray | None, chunks: int | None = None) -> np.ndarray:
+        curves = self.curves[:chunks] if chunks else self.curves
+        evals = np.stack([r.evals for r in curves])
+        values = objective_values(evals, [r.env_steps for r in curves], self.plan.objective, final=final,
                                   threshold=self.plan.threshold, budget=self.budget_steps)
-        return np.where(self.curves[-1].diverged, np.nan, values)
+        return np.where(curves[-1].diverged, np.nan, values)
 
     def finish(self) -> TrialResult:
         """Deterministic evaluation of every run on the evaluation seeds; each run's score

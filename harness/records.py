@@ -4,7 +4,11 @@
     results/NAME/trials/NNNN.json    one record per finished Tune trial (C configurations)
     results/NAME/final.json          the re-training of the best configurations on fresh seeds
     results/NAME/optuna.db           the Optuna study (SQLite)
-    results/NAME/tune/run-K/         Ray Tune's experiment folder, one per (re)start
+    results/NAME/tune/run-K/         Ray Tune's experiment folder, one per (re)start (mid-run
+                                     kernel checkpoints of trials not yet recorded)
+    results/NAME/inflight/NNNN.json  a trial proposed and not yet recorded: what a resumed study
+                                     needs to go on with it (plan, Optuna trials, Tune trial ids)
+    results/NAME/ray-session.json    the driver and session folder of the embedded Ray
     results/NAME/reports/            CSV reports and best.json, rebuilt from the above
 """
 

@@ -85,12 +85,17 @@ class BatchedOptunaSearcher(Searcher):
         on_complete: called with the trial's record (a dict) when a Tune trial ends, before
             Optuna is told, so a crash in between is repaired from the record on resume.
         is_pruned: tells whether the scheduler stopped a Tune trial early.
+        on_suggest: called with a trial's in-flight entry (trial number, plan, points, Optuna
+            numbers, Tune trial ids) when it is proposed, so a driver killed meanwhile can go on.
+        adopt: in-flight entries of a killed driver, proposed again first (same trial number,
+            plan and Optuna trials) with ``resume_from``: their checkpoints, newest first.
     """
 
     def __init__(self, study: Study, ostudy: optuna.Study, *, static_names: list[str],
                  configs_per_trial: int, plan_defaults: dict[str, Any], timesteps: int,
                  extra: dict[str, Any], on_complete: Callable[[dict], None],
-                 is_pruned: Callable[[str], bool], pbt: dict[str, Any] | None = None) -> None:
+                 is_pruned: Callable[[str], bool], pbt: dict[str, Any] | None = None,
+                 on_suggest: Callable[[dict], None] | None = None, adopt: list[dict] | None = None) -> None:
         super().__init__(metric="score", mode="max" if study.direction == "maximize" else "min")
         self.study, self.ostudy = study, ostudy
         self.static_names, self.c = static_names, configs_per_trial
@@ -99,8 +104,11 @@ class BatchedOptunaSearcher(Searcher):
         self.live: dict[str, tuple[list[optuna.Trial], list[dict[str, Any]], TrialPlan]] = {}
         self.curves: dict[str, dict[int, dict[str, Any]]] = {}
         self._next = next_trial_number(ostudy)
+        self.on_suggest, self.adopt = on_suggest, list(adopt or [])
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self.adopt:
+            return self._adopt(trial_id, self.adopt.pop(0))
         number, self._next = self._next, self._next + 1
         first = self.ostudy.ask()
         points = [suggest(first, self.study.space)]
@@ -122,9 +130,26 @@ class BatchedOptunaSearcher(Searcher):
             trial=number, objective=self.study.objective, threshold=self.study.threshold,
             curve_episodes=self.study.curve_episodes, pbt=self.pbt, **self.plan_defaults)
         self.live[trial_id] = (trials, points, plan)
+        if self.on_suggest:
+            self.on_suggest({"trial": number, "plan": asdict(plan), "points": points,
+                             "optuna_numbers": [t.number for t in trials], "tune_trial_ids": [trial_id]})
         return {"plan": asdict(plan), "study": self.study.name, **self.extra}
 
+    def _adopt(self, trial_id: str, entry: dict[str, Any]) -> dict[str, Any]:
+        """A killed driver's in-flight trial, proposed again as it was (its Optuna trials still RUNNING)."""
+        frozen = {t.number: t for t in self.ostudy.get_trials(deepcopy=False)}
+        trials = [optuna.trial.Trial(self.ostudy, frozen[n]._trial_id) for n in entry["optuna_numbers"]]
+        plan = TrialPlan(**entry["plan"])
+        self.live[trial_id] = (trials, entry["points"], plan)
+        if self.on_suggest:
+            self.on_suggest({**{k: v for k, v in entry.items() if k != "resume_from"},
+                             "tune_trial_ids": [*entry["tune_trial_ids"], trial_id]})
+        return {"plan": asdict(plan), "study": self.study.name, **self.extra,
+                "resume_from": entry.get("resume_from", [])}
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        for row in json.loads(result.get("restored_curves") or "[]"):  # chunks run before a restore
+            self.curves.setdefault(trial_id, {}).setdefault(int(row["chunk"]), row)
         if "returns" in result and "chunk" in result:
             self.curves.setdefault(trial_id, {})[int(result["chunk"])] = {
                 "chunk": int(result["chunk"]), "env_steps": int(result["env_steps"]),
@@ -177,13 +202,6 @@ class BatchedOptunaSearcher(Searcher):
                     t.set_user_attr("pbt_value", value)
         tell(self.ostudy, record)
 
-    def fail_live(self) -> None:
-        """Marks the Optuna trials of every unfinished Tune trial FAIL (used on interruption)."""
-        for trials, _, _ in self.live.values():
-            for t in trials:
-                self.ostudy.tell(t, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        self.live.clear()
-
     def save(self, checkpoint_path: str) -> None:  # state lives in Optuna's storage and our records
         pass
 
@@ -230,14 +248,16 @@ def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
             ostudy.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
 
-def reconcile(ostudy: optuna.Study, records: list[dict[str, Any]]) -> int:
-    """After a killed driver: tells Optuna what the records know; marks the rest FAIL.
+def reconcile(ostudy: optuna.Study, records: list[dict[str, Any]], keep: set[int] = frozenset()) -> int:
+    """After a killed driver: tells Optuna what the records know; marks the rest FAIL but those
+    numbered in ``keep`` (in-flight trials that go on).
 
-    Returns the number of Optuna trials that were left RUNNING or WAITING.
+    Returns the number of Optuna trials marked FAIL or told from a record.
     """
     by_number = {c["optuna_number"]: r for r in records for c in r["configs"]}
-    stale = ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,
-                                                      optuna.trial.TrialState.WAITING))
+    stale = [t for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,
+                                                                  optuna.trial.TrialState.WAITING))
+             if t.number not in keep or t.number in by_number]
     for t in stale:
         if t.state == optuna.trial.TrialState.WAITING:
             ostudy.ask()  # pops a waiting trial so it can be told

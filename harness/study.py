@@ -32,6 +32,7 @@ from harness.space import Budget, Study, StudyError, label
 # Budget options that must stay the same when a study is resumed (trials may grow).
 _FIXED = ("configs_per_trial", "seeds", "timesteps")
 CONTROL = "default"  # the control's id in final.json and the reports
+SESSION_FILE = "ray-session.json"  # the embedded Ray of the driver running this study
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -168,8 +169,12 @@ class Runner:
         validate(self.study, self.spec.config_cls, self.spec.hparams_cls, timesteps=early.timesteps)
         self._validate_pbt(early)
         self.device_bytes = parse_bytes(self.args.device_memory) if self.args.device_memory else None
+        if not self.args.address:  # what a killed driver's embedded Ray left running is stopped first
+            cluster.stop_leftovers(self.root / SESSION_FILE)
         dashboard, metrics = cluster.start(self.args.address, code_dir=self.study.source and
                                            str(Path(self.study.source).parent))
+        if not self.args.address:
+            cluster.note_session(self.root / SESSION_FILE)
         try:
             place = cluster.placement(_cache_dir())
             budget = self._budget(place.kind, meta)
@@ -223,10 +228,15 @@ class Runner:
                                 sampler=self.args.sampler)
         except Exception as err:  # sqlalchemy/optuna raise many kinds for a bad URL
             raise StudyError(f"cannot open Optuna storage {storage!r}: {str(err).splitlines()[0]}") from None
-        stale = reconcile(ostudy, records)
-        if self.done or stale:
+        self.adopt = self._in_flight(ostudy, records)[:max(0, self.budget.trials - self.done)]
+        stale = reconcile(ostudy, records, keep={n for e in self.adopt for n in e["optuna_numbers"]})
+        if self.done or stale or self.adopt:
+            going_on = ", ".join(f"trial {e['trial']} " + ("from its checkpoint" if e["resume_from"]
+                                                            else "from the start (no checkpoint)")
+                                 for e in self.adopt)
             print(f"resuming: {self.done} trials recorded" + (f", {stale} interrupted Optuna trials marked FAIL"
-                                                            if stale else ""))
+                                                            if stale else "") +
+                  (f"; in flight when stopped: {going_on}" if going_on else ""))
         remaining = self.budget.trials - self.done
         if remaining > 0:
             interrupted = self._tune(ostudy, remaining)
@@ -239,6 +249,37 @@ class Runner:
         paths = report.build(self.root)
         self._summary(paths)
         return 0
+
+    def _in_flight(self, ostudy: Any, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The trials a stopped driver left running (``inflight/NNNN.json`` without a record, their
+        Optuna trials still RUNNING), each with ``resume_from``: its kernel checkpoints, newest first."""
+        import optuna
+
+        from harness.records import read_json
+        from harness.trainable import KERNEL_FILE
+
+        recorded = {r["trial"] for r in records}
+        running = {t.number for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+        out = []
+        for path in sorted((self.root / "inflight").glob("*.json")):
+            try:
+                entry = read_json(path)
+            except RecordsError as err:
+                print(f"warning: {err}; that trial starts over as a new one", file=sys.stderr)
+                path.unlink()
+                continue
+            if entry["trial"] in recorded or not set(entry["optuna_numbers"]) <= running:
+                path.unlink()  # finished after all, or its Optuna trials were told meanwhile
+                continue
+            found = [p for tid in entry["tune_trial_ids"]
+                     for p in (self.root / "tune").glob(f"*/trial_{tid}/checkpoint_*/{KERNEL_FILE}")]
+            entry["resume_from"] = [str(p) for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.parent.name),
+                                                           reverse=True)]
+            out.append(entry)
+        return out
+
+    def _on_suggest(self, entry: dict[str, Any]) -> None:
+        write_json(self.root / "inflight" / f"{entry['trial']:04d}.json", entry)
 
     def _validate_pbt(self, budget: Budget) -> None:
         if self.scheduler != "pbt":
@@ -277,7 +318,7 @@ class Runner:
                                study_seed=self.study.seed),
             timesteps=self.budget.timesteps, extra={"device": self.place.device},
             pbt=self.study.pbt_plan(self.config_fields) if self.scheduler == "pbt" else None,
-            on_complete=self._on_record,
+            on_complete=self._on_record, on_suggest=self._on_suggest, adopt=self.adopt,
             is_pruned=lambda tid: scheduler is not None and tid in RecordingASHA.stopped)
         runs = len(list((self.root / "tune").glob("run-*"))) if (self.root / "tune").exists() else 0
         tuner = tune.Tuner(
@@ -289,10 +330,7 @@ class Runner:
                                       callbacks=[_Progress(self)],
                                       failure_config=tune.FailureConfig(max_failures=2),
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
-        try:
-            tuner.fit()
-        finally:
-            searcher.fail_live()
+        tuner.fit()  # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
         return self.done < self.budget.trials
 
     def _fit_memory(self, place: Any, budget: Budget) -> Any:
@@ -363,6 +401,7 @@ class Runner:
         from harness import report
 
         write_json(trial_path(self.root, record["trial"]), record)
+        (self.root / "inflight" / f"{record['trial']:04d}.json").unlink(missing_ok=True)
         _drop_kernel_checkpoints(self.root / "tune", f"*/trial_{record['tune_trial_id']}")  # no retry needs them
         self.done += 1
         self.running_steps.pop(record["tune_trial_id"], None)

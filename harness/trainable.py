@@ -192,7 +192,30 @@ class StudyTrial(tune.Trainable):
             self.runner = TrialRunner(self.plan, config_batch=shape_of(config).get("config_batch"))
         except OutOfMemory as err:
             self.oom = str(err)
+        self.restored_curves = ""
+        for path in config.get("resume_from") or []:  # a killed driver's trial, newest checkpoint first
+            if self.oom is None and self._restore(path):
+                break
         self.watchdog.idle()
+
+    def _restore(self, path: str) -> bool:
+        """Continues from the kernel checkpoint at ``path``; False (and a line in the worker's log)
+        where it cannot be read, e.g. cut short when its driver was killed."""
+        try:
+            with open(path, "rb") as f:
+                self.runner.restore(f.read())
+        except (OSError, ValueError) as err:
+            print(f"rl-harness: trial {self.plan.trial}: checkpoint {path} not used ({err})", flush=True)
+            return False
+        self.last_checkpoint = (time.monotonic(), len(self.runner.curves))
+        rows = []
+        for k, r in enumerate(self.runner.curves, start=1):  # what the searcher keeps of each chunk
+            rows.append({"chunk": r.chunk, "env_steps": r.env_steps, "returns": _floats(r.returns),
+                         "evals": _floats(r.evals), "objective": _floats(self.runner.objective_so_far(k)),
+                         **({"pbt": r.pbt} if r.pbt else {})})
+        self.restored_curves = json.dumps(rows)  # sent with the next result (a string: Tune flattens dicts)
+        print(f"rl-harness: trial {self.plan.trial} resumed after chunk {self.runner.restored_chunks}", flush=True)
+        return True
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._start(new_config)
@@ -224,12 +247,8 @@ class StudyTrial(tune.Trainable):
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """A retried trial (its worker died): continues from the kernel saved mid-run."""
         path = os.path.join(checkpoint_dir, KERNEL_FILE)
-        if self.oom is None and os.path.exists(path):
-            with open(path, "rb") as f:
-                self.runner.restore(f.read())
-            self.last_checkpoint = (time.monotonic(), len(self.runner.curves))
-            print(f"rl-harness: trial {self.plan.trial} resumed after chunk {self.runner.restored_chunks}",
-                  flush=True)
+        if self.oom is None and os.path.exists(path) and not self._restore(path):
+            raise RuntimeError(f"trial {self.plan.trial}: its checkpoint {path} cannot be read")
 
     def _checkpoint_due(self) -> bool:
         """Whether to checkpoint after this chunk: every ``checkpoint_chunks`` chunks when set,
@@ -266,7 +285,8 @@ class StudyTrial(tune.Trainable):
             return {"done": True, "error": self.oom, "score": float("nan")}
         _maybe_crash(self.plan, r.chunk)
         self.last.update(resumed_after_chunk=self.runner.restored_chunks, checkpoints=self.checkpoints,
-                         checkpoint_seconds=self.checkpoint_seconds)
+                         checkpoint_seconds=self.checkpoint_seconds, restored_curves=self.restored_curves)
+        self.restored_curves = ""
         returns, diverged = _floats(r.returns), r.diverged.tolist()
         so_far = _floats(self.runner.objective_so_far())  # the objective at this rung, per run
         self.last.update(env_steps=r.env_steps, returns=returns, evals=_floats(r.evals), objective=so_far,

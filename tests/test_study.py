@@ -5,7 +5,6 @@ starts is stopped (each test runs Ray under its own RAY_TMPDIR and checks nothin
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -220,14 +219,22 @@ def test_study__population_based_training_end_to_end(tmp_path, ray_env):
 
 
 def _interrupt_then_resume(tmp_path, env, sig):
-    args = ["cartpole_ppo", *TINY, "--out", str(tmp_path)]
+    args = ["cartpole_ppo", *TINY, "--out", str(tmp_path), "--checkpoint-every", "1chunk"]
     root = tmp_path / "cartpole_ppo"
     proc = subprocess.Popen([sys.executable, "-m", "harness.study", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
     deadline = time.monotonic() + 300
-    while not list((root / "trials").glob("*.json")) if root.exists() else True:
+
+    def in_flight_with_checkpoint():  # a trial recorded, and one running that has checkpointed
+        if not list((root / "trials").glob("*.json")):
+            return {}
+        going = {int(p.stem): json.loads(p.read_text()) for p in (root / "inflight").glob("*.json")}
+        return {n: e for n, e in going.items() if any(
+            (root / "tune").glob(f"*/trial_{e['tune_trial_ids'][-1]}/checkpoint_*/kernel.msgpack"))}
+
+    while not (flying := in_flight_with_checkpoint() if root.exists() else {}):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else ""
-        time.sleep(0.5)
+        time.sleep(0.2)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     kept = {p.name: p.read_text() for p in (root / "trials").glob("*.json")}
@@ -237,19 +244,29 @@ def _interrupt_then_resume(tmp_path, env, sig):
         assert "Resume with: python -m harness.study cartpole_ppo" in out
     else:
         assert proc.returncode == -signal.SIGKILL
-        for pid in _ray_processes(env["RAY_TMPDIR"]):  # what a SIGKILLed driver leaves behind
-            os.kill(pid, signal.SIGKILL)
+        assert _ray_processes(env["RAY_TMPDIR"])  # a SIGKILLed driver leaves Ray processes behind ...
     r = _study(*args, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resuming: {len(kept)} trials recorded" in r.stdout
+    if sig == signal.SIGKILL:  # ... which the next run stops (the fixture checks that none is left)
+        assert "Ray processes a killed run of this study left behind" in r.stdout, r.stdout
     records = load_trials(root)
     assert len(records) == 3
     assert all((root / "trials" / name).read_text() == text for name, text in kept.items())  # not re-run
+    resumed = [rec for rec in records if rec["trial"] in flying and f"{rec['trial']:04d}.json" not in kept]
+    assert resumed, (flying, kept)
+    for rec in resumed:  # in flight when stopped: went on from its checkpoint, under its own number
+        assert rec["resumed_after_chunk"] >= 1, rec
+        assert len(rec["curves"]) == rec["curves"][-1]["chunk"]  # every chunk's curve, the restored ones too
     ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
-    states = {t.state.name for t in ostudy.trials}
-    assert not states & {"RUNNING", "WAITING"}, states
-    recorded = {c["optuna_number"] for rec in records for c in rec["configs"]}
-    assert {t.number for t in ostudy.trials if t.state.name == "COMPLETE"} <= recorded
+    numbers = [c["optuna_number"] for rec in records for c in rec["configs"]]
+    assert len(numbers) == len(set(numbers)) == 6  # no configuration run or counted twice
+    states = {t.number: t.state.name for t in ostudy.trials}
+    assert {n: states[n] for n in numbers} == dict.fromkeys(numbers, "COMPLETE")
+    # the only others: proposed in the instant of the kill, before the trial started (nothing ran)
+    started = {n for e in flying.values() for n in e["optuna_numbers"]}
+    assert all(s == "FAIL" and n not in started for n, s in states.items() if n not in numbers), (states, out)
+    assert not list((root / "inflight").glob("*.json"))
     before = {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")}
     report.build(root)
     assert {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")} == before
