@@ -5,6 +5,7 @@ starts is stopped (each test runs Ray under its own RAY_TMPDIR and checks nothin
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -369,6 +370,7 @@ def test_registered_studies__every_static_choice_builds_at_every_budget(name):
 
 @pytest.mark.slow
 def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_env):
+    import urllib.error
     import urllib.request
 
     port = _free_port()
@@ -398,6 +400,12 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
             named = [a for a in actors if a.get("class_name") == "cartpole_ppo_trial" and a["state"] == "ALIVE"]
             if named:
                 found_actors = named
+                sockets = _listening([proc.pid, *_ray_processes(env["RAY_TMPDIR"])])
+                try:
+                    urllib.request.urlopen(f"{dashboard}/api/v0/actors?limit=1", timeout=10)
+                    no_token = 200
+                except urllib.error.HTTPError as err:
+                    no_token = err.code
             rows = [ln for ln in text.splitlines() if ln.startswith("ray_rl_harness_return{")]
             if rows:
                 found_metrics = rows
@@ -405,9 +413,41 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
     assert found_actors, "no actor of class cartpole_ppo_trial"
+    # nothing of the study (driver, Ray's processes, the trials) listens beyond loopback ...
+    assert len(sockets) >= 5 and {port, int(dashboard.rpartition(":")[2])} <= {p for _, _, p in sockets}, sockets
+    assert all(addr in ("127.0.0.1", "::1") for _, addr, _ in sockets), sorted(set(sockets))
+    assert no_token == 401  # ... and the dashboard still asks for its token
     assert any("cartpole_ppo trial" in (a.get("repr_name") or "") for a in found_actors), found_actors
     assert found_metrics and all('study="cartpole_ppo"' in r and 'config="t000' in r and 'trial="' in r
                                  for r in found_metrics), found_metrics
+
+
+def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket in LISTEN state held by ``pids`` (Linux /proc)."""
+    import ipaddress
+
+    by_inode = {}
+    for proto in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{proto}").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] != "0A":  # LISTEN
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # per-word little endian
+            ip = ipaddress.ip_address(raw)
+            ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is 127.0.0.1
+            by_inode[f[9]] = (str(ip), int(hexport, 16))
+    out = []
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        for link in links:
+            if link.startswith("socket:[") and link[8:-1] in by_inode:
+                out.append((pid, *by_inode[link[8:-1]]))
+    return out
 
 
 def _free_port() -> int:
