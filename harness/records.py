@@ -58,9 +58,42 @@ def load_meta(root: Path) -> dict[str, Any]:
     return read_json(path)
 
 
+_TRIAL_FIELDS = {"trial": int, "status": str, "seeds": int, "configs": list}
+_warned: set[tuple[str, float]] = set()
+
+
+def read_trials(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The readable trial records under ``root/trials`` by trial number, and one line for each
+    file that is not one (truncated, corrupt, or missing a field), naming it."""
+    records, problems = [], []
+    for path in sorted((root / "trials").glob("*.json")):
+        try:
+            rec = read_json(path)
+            missing = [k for k, t in _TRIAL_FIELDS.items() if not isinstance(rec, dict) or
+                       not isinstance(rec.get(k), t)]
+            if missing:
+                raise RecordsError(f"{path} is not a trial record (no valid {', '.join(missing)})")
+        except (RecordsError, OSError) as err:
+            problems.append(str(err))
+            continue
+        records.append(rec)
+    return sorted(records, key=lambda r: r["trial"]), problems
+
+
 def load_trials(root: Path) -> list[dict[str, Any]]:
-    """Every trial record under ``root/trials``, by trial number."""
-    return sorted((read_json(p) for p in (root / "trials").glob("*.json")), key=lambda r: r["trial"])
+    """Every readable trial record under ``root/trials``, by trial number. A file that cannot be
+    read is left out and named on stderr (once per process and version of the file); the
+    reports list it in ``reports/problems.txt``."""
+    import sys
+
+    records, problems = read_trials(root)
+    for line in problems:
+        path = line.split(" ", 1)[0]
+        key = (path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
+        if key not in _warned:
+            _warned.add(key)
+            print(f"warning: {line}; left out", file=sys.stderr)
+    return records
 
 
 def load_final(root: Path) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from harness import lineage
-from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, write_json
+from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, read_trials, write_json
 from harness.space import label
 from harness.stats import bootstrap_ci, config_score, describe_objective, iqm, paired_difference
 
@@ -235,6 +235,13 @@ def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
         tmp = paths[name].with_suffix(".csv.tmp")
         df.to_csv(tmp, index=False)
         tmp.replace(paths[name])
+    problems = out / "problems.txt"  # trial records that could not be read: named, never dropped silently
+    _, unreadable = read_trials(root)
+    if unreadable:
+        problems.write_text("trial records left out of these reports:\n" + "".join(f"{p}\n" for p in unreadable))
+        paths["problems"] = problems
+    else:
+        problems.unlink(missing_ok=True)
     b = best(root, configs)
     if b is not None:
         paths["best"] = out / "best.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
@@ -150,3 +151,26 @@ def test_tables__ties_are_broken_by_the_training_curve_never_by_order(tmp_path):
         {"t0000c1": 475.0, "t0000c0": 325.0, "t0001c0": 325.0, "t0001c1": 475.0})
     best = report.build(tmp_path)["best"].read_text()
     assert "ties broken by train_auc" in best
+
+
+def test_report__unreadable_trial_records_are_named_and_the_rest_reported(tmp_path, capsys):
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize", "space": {"lr": "log"}})
+    for t in range(4):
+        write_json(tmp_path / "trials" / f"{t:04d}.json",
+                   _record(t, "complete", [[10.0 + t, 20.0], [30.0, 40.0]], [[False, False], [False, False]]))
+    text = (tmp_path / "trials" / "0002.json").read_text()
+    (tmp_path / "trials" / "0002.json").write_text(text[: len(text) // 2])  # cut short by a full disk
+    write_json(tmp_path / "trials" / "0003.json", {"trial": 3, "status": "complete"})  # not a whole record
+    assert report.main([str(tmp_path)]) == 0  # the report is built ...
+    err = capsys.readouterr().err
+    assert "0002.json is not valid JSON" in err
+    assert "0003.json is not a trial record (no valid seeds, configs)" in err
+    configs = pd.read_csv(tmp_path / "reports" / "configs.csv")
+    assert sorted(set(configs.trial)) == [0, 1]  # ... from the readable records
+    problems = (tmp_path / "reports" / "problems.txt").read_text()
+    assert "0002.json" in problems and "0003.json" in problems
+    write_json(tmp_path / "trials" / "0002.json", _record(2, "complete", [[1.0, 2.0]] * 2, [[False] * 2] * 2))
+    (tmp_path / "trials" / "0003.json").unlink()
+    paths = report.build(tmp_path, plots=False)
+    assert "problems" not in paths and not (tmp_path / "reports" / "problems.txt").exists()
+    assert sorted(set(pd.read_csv(paths["configs"]).trial)) == [0, 1, 2]
