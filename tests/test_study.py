@@ -337,21 +337,40 @@ def test_study__diverging_configurations_are_recorded_as_diverged(tmp_path, ray_
 
 
 @pytest.mark.slow
-def test_study__runs_on_an_existing_ray_cluster(tmp_path, ray_env):
+def test_study__runs_on_an_existing_ray_cluster_whose_node_has_only_the_dependencies(tmp_path, ray_env):
+    from tests.test_custom_envs import _readme_example
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    # the node's Python cannot import this project (the driver's can): code must come with the job
+    node_env = {**ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RL_HARNESS_HIDE_ROOT": str(ROOT),
+                "PYTHONPATH": str(ROOT / "tests" / "hide_project")}
+    hidden = subprocess.run([sys.executable, "-c", "import harness"], env=node_env, cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert "No module named 'harness' (hidden on this node)" in hidden.stderr, hidden.stderr
+    # a study file with its env in a module beside it, neither installed anywhere
+    (tmp_path / "corridor_envs.py").write_text(_readme_example().split("STUDY = Study(")[0] + textwrap.dedent("""
+        def make_env():
+            env = Corridor()
+            return env, env.default_params.replace(length=4)
+    """))
+    study = _readme_example().split("STUDY = Study(")[1]
+    study = study.replace("env=Corridor(),", 'env="corridor_envs:make_env",').replace('"corridor_ppo"', '"side"')
+    (tmp_path / "side_study.py").write_text("from harness.space import *\nSTUDY = Study(" + study)
     ray = str(Path(sys.executable).parent / "ray")
     subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
                     "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--disable-usage-stats"],
-                   check=True, env=env, capture_output=True, timeout=120)
+                   check=True, env=node_env, capture_output=True, timeout=120, cwd=tmp_path)
     try:
-        r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--address", f"127.0.0.1:{port}", env=env)
+        r = _study(str(tmp_path / "side_study.py"), "--smoke", "--trials", "1", "--out", str(tmp_path / "out"),
+                   "--address", f"127.0.0.1:{port}", env={**ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
         assert r.returncode == 0, r.stdout + r.stderr
-        assert len(load_trials(tmp_path / "cartpole_ppo-smoke")) == 2
+        assert [rec["status"] for rec in load_trials(tmp_path / "out" / "side-smoke")] == ["complete"]
+        best = json.loads((tmp_path / "out" / "side-smoke" / "reports" / "best.json").read_text())
+        assert best["reevaluation"]["mean"] > 0.9  # 3 steps to the exit: 0.98 at best
     finally:  # by PID, this test's processes only: `ray stop` would stop every Ray on the machine
-        stop_ray_processes(env["RAY_TMPDIR"])
+        stop_ray_processes(ray_env["RAY_TMPDIR"])
 
 
 @pytest.mark.parametrize("name", STUDY_NAMES)

@@ -1,0 +1,92 @@
+"""A study of many short trials on the embedded local Ray: does the driver stay flat?
+
+    python bench/study_load.py                      # 200 trials of cartpole_ppo, 1 config x 1 seed x 2,048 steps
+    python bench/study_load.py --trials 20
+
+Runs ``python -m harness.study`` as a user would, samples the driver's resident memory every
+0.5 s and notes when each trial is recorded. Compares the first quarter of the trials with the
+last: trials per minute, the driver's memory, and the per-trial overhead (wall time per trial
+less the trial's own kernel time). Flat means ratios near 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--timesteps", type=int, default=2048)
+    args = p.parse_args()
+    out = tempfile.mkdtemp(prefix="study-load-")
+    cmd = [sys.executable, "-m", "harness.study", "cartpole_ppo", "--trials", str(args.trials),
+           "--configs-per-trial", "1", "--seeds", "1", "--timesteps", str(args.timesteps), "--no-asha",
+           "--sampler", "random", "--out", out]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    samples: list[tuple[float, float]] = []
+
+    def sample() -> None:
+        while proc.poll() is None:
+            samples.append((time.monotonic() - t0, rss_mb(proc.pid)))
+            time.sleep(0.5)
+
+    threading.Thread(target=sample, daemon=True).start()
+    done: list[tuple[int, float]] = []  # (trial, seconds since start) as each is recorded
+    tail = []
+    for line in proc.stdout:
+        tail = (tail + [line])[-30:]
+        m = re.match(r"\[(\d+)/\d+\] trial (\d+):", line)
+        if m:
+            done.append((int(m.group(2)), time.monotonic() - t0))
+    proc.wait()
+    if proc.returncode != 0 or len(done) < 8:
+        sys.exit(f"the study failed (exit {proc.returncode}):\n" + "".join(tail))
+    root = Path(out) / "cartpole_ppo"
+    kernel = {json.loads(p.read_text())["trial"]: json.loads(p.read_text()).get("kernel_seconds", 0.0)
+              + json.loads(p.read_text()).get("compile_seconds", 0.0) for p in (root / "trials").glob("*.json")}
+    q = len(done) // 4
+    first, last = done[:q], done[-q:]
+
+    def rate(part: list[tuple[int, float]], before: float) -> float:
+        return len(part) / ((part[-1][1] - before) / 60)
+
+    def overhead(part: list[tuple[int, float]], before: float) -> float:
+        wall = part[-1][1] - before
+        return (wall - sum(kernel.get(t, 0.0) for t, _ in part) / 2) / len(part)  # two trials at a time
+
+    r1, r2 = rate(first, done[0][1] - (done[1][1] - done[0][1])), rate(last, done[-q - 1][1])
+    o1, o2 = overhead(first[1:], first[0][1]), overhead(last, done[-q - 1][1])
+    mem_first = [m for t, m in samples if done[0][1] <= t <= first[-1][1]]
+    mem_last = [m for t, m in samples if last[0][1] <= t <= last[-1][1]]
+    m1, m2 = max(mem_first), max(mem_last)
+    print(f"{len(done)} trials in {done[-1][1]:.0f} s (whole command {time.monotonic() - t0:.0f} s)")
+    print(f"{'quarter':8} {'trials/min':>10} {'overhead_s/trial':>16} {'driver_RSS_MB':>13}")
+    print(f"{'first':8} {r1:>10.1f} {o1:>16.2f} {m1:>13.0f}")
+    print(f"{'last':8} {r2:>10.1f} {o2:>16.2f} {m2:>13.0f}")
+    print(f"ratio last/first: trials/min {r2 / r1:.2f}, overhead {o2 / o1:.2f}, driver memory {m2 / m1:.2f}")
+
+
+if __name__ == "__main__":
+    main()
