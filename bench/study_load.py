@@ -54,9 +54,11 @@ def main() -> None:
 
     threading.Thread(target=sample, daemon=True).start()
     done: list[tuple[int, float]] = []  # (trial, seconds since start) as each is recorded
-    tail = []
+    tail, head = [], []
     for line in proc.stdout:
         tail = (tail + [line])[-30:]
+        if len(head) < 30:
+            head.append(line)
         m = re.match(r"\[(\d+)/\d+\] trial (\d+):", line)
         if m:
             done.append((int(m.group(2)), time.monotonic() - t0))
@@ -67,21 +69,23 @@ def main() -> None:
     kernel = {json.loads(p.read_text())["trial"]: json.loads(p.read_text()).get("kernel_seconds", 0.0)
               + json.loads(p.read_text()).get("compile_seconds", 0.0) for p in (root / "trials").glob("*.json")}
     q = len(done) // 4
-    first, last = done[:q], done[-q:]
+    first, last = done[: q + 1], done[-q - 1:]  # q intervals each, between recordings
+    slots = int(re.search(r"\((\d+) trials at a time\)", "".join(head)).group(1))
 
-    def rate(part: list[tuple[int, float]], before: float) -> float:
-        return len(part) / ((part[-1][1] - before) / 60)
+    def rate(part: list[tuple[int, float]]) -> float:
+        return (len(part) - 1) / ((part[-1][1] - part[0][1]) / 60)
 
-    def overhead(part: list[tuple[int, float]], before: float) -> float:
-        wall = part[-1][1] - before
-        return (wall - sum(kernel.get(t, 0.0) for t, _ in part) / 2) / len(part)  # two trials at a time
+    def overhead(part: list[tuple[int, float]]) -> float:  # slot-seconds per trial beyond its own kernel
+        wall = (part[-1][1] - part[0][1]) * slots
+        return (wall - sum(kernel.get(t, 0.0) for t, _ in part[1:])) / (len(part) - 1)
 
-    r1, r2 = rate(first, done[0][1] - (done[1][1] - done[0][1])), rate(last, done[-q - 1][1])
-    o1, o2 = overhead(first[1:], first[0][1]), overhead(last, done[-q - 1][1])
-    mem_first = [m for t, m in samples if done[0][1] <= t <= first[-1][1]]
-    mem_last = [m for t, m in samples if last[0][1] <= t <= last[-1][1]]
-    m1, m2 = max(mem_first), max(mem_last)
+    r1, r2, o1, o2 = rate(first), rate(last), overhead(first), overhead(last)
+    def memory(part: list[tuple[int, float]]) -> float:  # the driver's RSS when each trial was recorded
+        return max(min(samples, key=lambda s: abs(s[0] - when))[1] for _, when in part)
+
+    m1, m2 = memory(first), memory(last)
     print(f"{len(done)} trials in {done[-1][1]:.0f} s (whole command {time.monotonic() - t0:.0f} s)")
+    print(f"{slots} trials at a time; overhead = slot-seconds per trial beyond its kernel and compile time")
     print(f"{'quarter':8} {'trials/min':>10} {'overhead_s/trial':>16} {'driver_RSS_MB':>13}")
     print(f"{'first':8} {r1:>10.1f} {o1:>16.2f} {m1:>13.0f}")
     print(f"{'last':8} {r2:>10.1f} {o2:>16.2f} {m2:>13.0f}")

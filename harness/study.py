@@ -32,6 +32,7 @@ from harness.space import Budget, Study, StudyError, label
 # Budget options that must stay the same when a study is resumed (trials may grow).
 _FIXED = ("configs_per_trial", "seeds", "timesteps")
 CONTROL = "default"  # the control's id in final.json and the reports
+REPORT_EVERY = 10.0  # seconds between rebuilds of the CSV reports while trials finish
 SESSION_FILE = "ray-session.json"  # the embedded Ray of the driver running this study
 
 
@@ -117,6 +118,7 @@ class Runner:
         self.best: tuple[float, str, dict] | None = None
         self.running_steps: dict[str, int] = {}
         self.done = 0
+        self.last_report = -math.inf
 
     # -- setup -------------------------------------------------------------------------------
     def _prepare_folder(self) -> dict[str, Any] | None:
@@ -406,7 +408,10 @@ class Runner:
         self.done += 1
         self.running_steps.pop(record["tune_trial_id"], None)
         self._note_best(record)
-        report.build(self.root, plots=False)  # CSVs after every trial; plots at the end
+        now = time.monotonic()
+        if now - self.last_report >= REPORT_EVERY:  # CSVs while it runs; all of it at the end
+            report.build(self.root, plots=False)  # (its cost grows with the trials: not after each one)
+            self.last_report = time.monotonic()
         from harness.search import config_value
 
         values = [v for c in record["configs"] if (v := config_value(c, self.study.metric)) is not None]

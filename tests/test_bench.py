@@ -30,6 +30,7 @@ TINY = {
                       "ratio wall time tune-pbt/kernel-pbt:"),
     "checkpoint_cost.py": (["--studies", "cartpole_ppo", "--chunks", "1"],
                            "ratio wall time checkpoint-every-chunk/bare:"),
+    "study_load.py": (["--trials", "8"], "ratio last/first:"),
     "brax_ppo.py": (["--timesteps", "10240", "--configs", "1"], "ratio us/brax:"),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1"], "ratio evals/min us/naive:"),
