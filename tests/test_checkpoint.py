@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from harness.kernel import TrialPlan, TrialRunner
+from tests.test_pbt import PLAN as PBT_PLAN
 
 PPO = TrialPlan(
     env="CartPole-v1", algo="ppo",
@@ -22,14 +23,7 @@ SAC = TrialPlan(
     config=dict(num_envs=2, buffer_size=1000, batch_size=32, learning_starts=64, updates_per_step=1,
                 steps_per_chunk=40, hidden=[16], eval_episodes=2, total_timesteps=2 * (32 + 40 * 3)),
     hparams=[{"actor_lr": 1e-3}, {"actor_lr": 3e-3}], seeds=2, trial=1, study_seed=0, curve_episodes=1)
-PBT = TrialPlan(
-    env="CartPole-v1", algo="ppo",
-    config=dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1, updates_per_chunk=1,
-                hidden=[16], eval_episodes=4, total_timesteps=4 * 32 * 6),
-    hparams=[{"lr": lr, "ent_coef": 0.01} for lr in (1e-4, 3e-4, 1e-3, 3e-3)], seeds=2, trial=2, study_seed=5,
-    objective="auc", curve_episodes=2,
-    pbt={"interval": 2, "fraction": 0.25, "perturb": "multiply",
-         "bounds": [["lr", 1e-4, 3e-3, True], ["ent_coef", 0.0, 0.05, False]]})
+PBT = PBT_PLAN  # a population of 4 exploiting every 2 chunks
 
 
 def _run(runner: TrialRunner):

@@ -142,15 +142,22 @@ def test_readme_example__custom_env_study_runs_and_learns(tmp_path, ray_env):
 
 
 @pytest.mark.slow
-def test_study_file__env_module_next_to_it_reaches_the_workers(tmp_path, ray_env):
-    (tmp_path / "corridor_envs.py").write_text(_readme_example().split("STUDY = Study(")[0] + textwrap.dedent("""
+def write_side_study(folder: Path) -> Path:
+    """The README's study as ``folder/side_study.py`` (study "side") whose env comes from the
+    module beside it, ``corridor_envs.py`` (a 4-cell corridor); returns the study file."""
+    (folder / "corridor_envs.py").write_text(_readme_example().split("STUDY = Study(")[0] + textwrap.dedent("""
         def make_env():
             env = Corridor()
             return env, env.default_params.replace(length=4)
     """))
     study = _readme_example().split("STUDY = Study(")[1]
     study = study.replace("env=Corridor(),", 'env="corridor_envs:make_env",').replace('"corridor_ppo"', '"side"')
-    (tmp_path / "side_study.py").write_text("from harness.space import *\nSTUDY = Study(" + study)
+    (folder / "side_study.py").write_text("from harness.space import *\nSTUDY = Study(" + study)
+    return folder / "side_study.py"
+
+
+def test_study_file__env_module_next_to_it_reaches_the_workers(tmp_path, ray_env):
+    write_side_study(tmp_path)
     r = _study(str(tmp_path / "side_study.py"), "--smoke", "--trials", "1", "--out", str(tmp_path / "out"),
                env=ray_env)  # run from the repository root: only the study file's folder has the module
     assert r.returncode == 0, r.stdout + r.stderr

@@ -338,7 +338,7 @@ def test_study__diverging_configurations_are_recorded_as_diverged(tmp_path, ray_
 
 @pytest.mark.slow
 def test_study__runs_on_an_existing_ray_cluster_whose_node_has_only_the_dependencies(tmp_path, ray_env):
-    from tests.test_custom_envs import _readme_example
+    from tests.test_custom_envs import write_side_study
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -349,15 +349,7 @@ def test_study__runs_on_an_existing_ray_cluster_whose_node_has_only_the_dependen
     hidden = subprocess.run([sys.executable, "-c", "import harness"], env=node_env, cwd=tmp_path,
                             capture_output=True, text=True)
     assert "No module named 'harness' (hidden on this node)" in hidden.stderr, hidden.stderr
-    # a study file with its env in a module beside it, neither installed anywhere
-    (tmp_path / "corridor_envs.py").write_text(_readme_example().split("STUDY = Study(")[0] + textwrap.dedent("""
-        def make_env():
-            env = Corridor()
-            return env, env.default_params.replace(length=4)
-    """))
-    study = _readme_example().split("STUDY = Study(")[1]
-    study = study.replace("env=Corridor(),", 'env="corridor_envs:make_env",').replace('"corridor_ppo"', '"side"')
-    (tmp_path / "side_study.py").write_text("from harness.space import *\nSTUDY = Study(" + study)
+    write_side_study(tmp_path)  # a study file with its env in a module beside it, neither installed anywhere
     ray = str(Path(sys.executable).parent / "ray")
     subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
                     "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--disable-usage-stats"],
