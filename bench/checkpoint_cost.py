@@ -25,8 +25,9 @@ import _common  # noqa: F401  (XLA flag before JAX starts)
 
 import studies
 from harness.kernel import TrialPlan, TrialRunner
+from harness.records import write_bytes
 from harness.space import static_points
-from harness.trainable import CHECKPOINT_SECONDS, KERNEL_FILE, _write_atomic
+from harness.trainable import CHECKPOINT_SECONDS, KERNEL_FILE
 
 
 def checkpoint(runner: TrialRunner, folder: str) -> tuple[float, int]:
@@ -34,7 +35,7 @@ def checkpoint(runner: TrialRunner, folder: str) -> tuple[float, int]:
     t = time.perf_counter()
     os.makedirs(os.path.join(folder, "actor"), exist_ok=True)
     path = os.path.join(folder, "actor", KERNEL_FILE)
-    _write_atomic(path, runner.snapshot())
+    write_bytes(path, runner.snapshot())
     shutil.copytree(os.path.join(folder, "actor"), os.path.join(folder, "persisted"), dirs_exist_ok=True)
     return time.perf_counter() - t, os.path.getsize(path)
 

@@ -25,15 +25,21 @@ class RecordsError(ValueError):
     """A results folder that is missing or does not hold what it should."""
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Writes ``data`` to ``path`` via a temporary file and an atomic rename."""
+def write_bytes(path: Path | str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` via a temporary file, fsync and an atomic rename."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True, allow_nan=False)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Writes ``data`` as JSON to ``path`` atomically (:func:`write_bytes`)."""
+    write_bytes(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=False).encode())
 
 
 def read_json(path: Path) -> Any:

@@ -17,18 +17,12 @@ from typing import Any
 
 from ray import tune
 
+from harness.records import write_bytes
+
 _SETUP_DONE = False
 KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint: the trial's whole kernel (TrialRunner.snapshot)
 CHECKPOINT_SECONDS = 60.0  # default interval between mid-run checkpoints
 _CORE_LOCKS: list[Any] = []  # held for the process's lifetime
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    with open(path + ".tmp", "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
 
 
 def _pin_cpu_cores(count: int) -> list[int]:
@@ -229,7 +223,7 @@ class StudyTrial(tune.Trainable):
             return None
         t = time.perf_counter()
         if not self.runner.done:
-            _write_atomic(os.path.join(checkpoint_dir, KERNEL_FILE), self.runner.snapshot())
+            write_bytes(os.path.join(checkpoint_dir, KERNEL_FILE), self.runner.snapshot())
             self.checkpoint_seconds += time.perf_counter() - t
             self.checkpoints += 1
             self.last_checkpoint = (time.monotonic(), len(self.runner.curves))
@@ -241,7 +235,7 @@ class StudyTrial(tune.Trainable):
         for c in range(len(self.plan.hparams)):
             for s in range(self.plan.seeds):
                 one = jax.tree.map(lambda x, c=c, s=s: x[c, s], params)
-                _write_atomic(os.path.join(checkpoint_dir, f"c{c}_s{s}.msgpack"), serialization.to_bytes(one))
+                write_bytes(os.path.join(checkpoint_dir, f"c{c}_s{s}.msgpack"), serialization.to_bytes(one))
         return None
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
