@@ -103,6 +103,7 @@ class BatchedOptunaSearcher(Searcher):
         self.on_complete, self.is_pruned, self.pbt = on_complete, is_pruned, pbt
         self.live: dict[str, tuple[list[optuna.Trial], list[dict[str, Any]], TrialPlan]] = {}
         self.curves: dict[str, dict[int, dict[str, Any]]] = {}
+        self.nodes: dict[str, list[str]] = {}  # the Ray nodes (IPs) each trial ran on, in order
         self._next = next_trial_number(ostudy)
         self.on_suggest, self.adopt = on_suggest, list(adopt or [])
 
@@ -150,6 +151,9 @@ class BatchedOptunaSearcher(Searcher):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         for row in json.loads(result.get("restored_curves") or "[]"):  # chunks run before a restore
             self.curves.setdefault(trial_id, {}).setdefault(int(row["chunk"]), row)
+        nodes = self.nodes.setdefault(trial_id, [])
+        if result.get("node_ip") and result["node_ip"] not in nodes[-1:]:
+            nodes.append(result["node_ip"])
         if "returns" in result and "chunk" in result:
             self.curves.setdefault(trial_id, {})[int(result["chunk"])] = {
                 "chunk": int(result["chunk"]), "env_steps": int(result["env_steps"]),
@@ -188,7 +192,7 @@ class BatchedOptunaSearcher(Searcher):
         record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
                   "objective": plan.objective, "threshold": plan.threshold, "pbt": plan.pbt,
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
-                  "env_steps": int(result.get("env_steps", 0)),
+                  "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
                   **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error",
                                             "resumed_after_chunk", "checkpoints", "checkpoint_seconds")
                      if k in result}}

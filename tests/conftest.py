@@ -77,3 +77,32 @@ def _ray_processes(tmp: str) -> list[int]:
         if tmp in cmd or f"RAY_TMPDIR={tmp}".encode() in env:
             out.append(int(pid))
     return out
+
+
+def listening(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket in LISTEN state held by ``pids`` (Linux /proc; each
+    process's own /proc/PID/net, so processes in other network namespaces are seen as they are)."""
+    import ipaddress
+
+    out = []
+    for pid in pids:
+        by_inode = {}
+        try:
+            for proto in ("tcp", "tcp6"):
+                for line in Path(f"/proc/{pid}/net/{proto}").read_text().splitlines()[1:]:
+                    f = line.split()
+                    if f[3] != "0A":  # LISTEN
+                        continue
+                    hexaddr, hexport = f[1].split(":")
+                    raw = bytes.fromhex(hexaddr)
+                    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # per-word little endian
+                    ip = ipaddress.ip_address(raw)
+                    ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is 127.0.0.1
+                    by_inode[f[9]] = (str(ip), int(hexport, 16))
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        for link in links:
+            if link.startswith("socket:[") and link[8:-1] in by_inode:
+                out.append((pid, *by_inode[link[8:-1]]))
+    return out

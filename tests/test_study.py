@@ -5,7 +5,6 @@ starts is stopped (each test runs Ray under its own RAY_TMPDIR and checks nothin
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -21,7 +20,7 @@ import pytest
 
 from harness import report
 from harness.records import load_trials
-from tests.conftest import _ray_processes, stop_ray_processes
+from tests.conftest import _ray_processes, listening, stop_ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "20480", "--no-asha"]
@@ -411,7 +410,7 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
             named = [a for a in actors if a.get("class_name") == "cartpole_ppo_trial" and a["state"] == "ALIVE"]
             if named:
                 found_actors = named
-                sockets = _listening([proc.pid, *_ray_processes(env["RAY_TMPDIR"])])
+                sockets = listening([proc.pid, *_ray_processes(env["RAY_TMPDIR"])])
                 try:
                     urllib.request.urlopen(f"{dashboard}/api/v0/actors?limit=1", timeout=10)
                     no_token = 200
@@ -431,34 +430,6 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
     assert any("cartpole_ppo trial" in (a.get("repr_name") or "") for a in found_actors), found_actors
     assert found_metrics and all('study="cartpole_ppo"' in r and 'config="t000' in r and 'trial="' in r
                                  for r in found_metrics), found_metrics
-
-
-def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
-    """(pid, address, port) of every TCP socket in LISTEN state held by ``pids`` (Linux /proc)."""
-    import ipaddress
-
-    by_inode = {}
-    for proto in ("tcp", "tcp6"):
-        for line in Path(f"/proc/net/{proto}").read_text().splitlines()[1:]:
-            f = line.split()
-            if f[3] != "0A":  # LISTEN
-                continue
-            hexaddr, hexport = f[1].split(":")
-            raw = bytes.fromhex(hexaddr)
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # per-word little endian
-            ip = ipaddress.ip_address(raw)
-            ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is 127.0.0.1
-            by_inode[f[9]] = (str(ip), int(hexport, 16))
-    out = []
-    for pid in pids:
-        try:
-            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            continue
-        for link in links:
-            if link.startswith("socket:[") and link[8:-1] in by_inode:
-                out.append((pid, *by_inode[link[8:-1]]))
-    return out
 
 
 def _free_port() -> int:
