@@ -70,6 +70,7 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
     metrics_port = int(os.environ.get("RL_HARNESS_METRICS_PORT", "0")) or _free_port()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no phoning home
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables off: the harness prints progress
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # and a line per failed trial, not a traceback
     loopback = not address or address.rpartition(":")[0] in ("127.0.0.1", "localhost")
     if loopback:  # read by ray at import: keeps Ray from swapping 127.0.0.1 for the routable address
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

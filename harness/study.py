@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import errno
+import logging
 import math
 import os
 import shlex
@@ -86,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     except (StudyError, RecordsError, ClusterError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # the results disk full or read-only before the study ran
+        if disk_problem(err) is None:
+            raise
+        print(f"error: cannot write {err.filename or 'the results'} ({err.strerror})", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"\ninterrupted; finished trials are saved. Resume with: {_resume_cmd(argv)}", file=sys.stderr)
         return 130
@@ -118,6 +125,7 @@ class Runner:
         self.best: tuple[float, str, dict] | None = None
         self.running_steps: dict[str, int] = {}
         self.done = 0
+        self.disk_error: str | None = None  # set when the results disk refuses writes: the study stops
         self.last_report = -math.inf
 
     # -- setup -------------------------------------------------------------------------------
@@ -208,6 +216,14 @@ class Runner:
             if metrics:
                 print(f"Prometheus metrics: {metrics} (rl_harness_* by study, trial, config)")
             return self._search_and_finish()
+        except (StudyError, RecordsError, ClusterError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # the results disk full or read-only: one line, nothing recorded is lost
+            if (problem := disk_problem(err)) is None:
+                raise
+            self.disk_error = problem
+            self._stop_if_disk_error()
+            raise
         finally:
             import ray
 
@@ -322,6 +338,8 @@ class Runner:
             pbt=self.study.pbt_plan(self.config_fields) if self.scheduler == "pbt" else None,
             on_complete=self._on_record, on_suggest=self._on_suggest, adopt=self.adopt,
             is_pruned=lambda tid: scheduler is not None and tid in RecordingASHA.stopped)
+        self._guard_disk(searcher)
+        _DiskErrorLog.install(self)
         runs = len(list((self.root / "tune").glob("run-*"))) if (self.root / "tune").exists() else 0
         tuner = tune.Tuner(
             trainable_for(self.study.name, self.place.resources),
@@ -329,11 +347,40 @@ class Runner:
                                         max_concurrent_trials=self.place.slots, reuse_actors=True,
                                         trial_dirname_creator=_trial_dirname),
             run_config=tune.RunConfig(name=f"run-{runs}", storage_path=str(self.root / "tune"), verbose=0,
-                                      callbacks=[_Progress(self)],
+                                      callbacks=[_Progress(self), _DiskWatch(self)], stop=_DiskWatch.stopper(self),
                                       failure_config=tune.FailureConfig(max_failures=2),
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
         tuner.fit()  # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
+        self._stop_if_disk_error()
         return self.done < self.budget.trials
+
+    def _stop_if_disk_error(self) -> None:
+        if self.disk_error:
+            raise StudyError(f"cannot write to the results folder {self.root} ({self.disk_error}); the trials "
+                             f"recorded so far ({len(load_trials(self.root))}) are intact. Free space (or make "
+                             f"it writable), then resume with: {_resume_cmd(self.argv)}") from None
+
+    def _guard_disk(self, searcher: Any) -> Any:
+        """A write to a full or read-only results disk inside the searcher's calls (records, Optuna's
+        storage, inflight/) stops the study through :class:`_DiskWatch`, rather than failing inside
+        Tune, which logs such errors and goes on. From then on the searcher does nothing: the trials
+        stopped on the way out are neither recorded nor told, so the next run adopts them."""
+        def guard(method: Any) -> Any:
+            def guarded(*args: Any, **kwargs: Any) -> Any:
+                if self.disk_error:
+                    return None
+                try:
+                    return method(*args, **kwargs)
+                except Exception as err:
+                    if (problem := disk_problem(err)) is None:
+                        raise
+                    self.disk_error = problem
+                    return None
+            return guarded
+
+        for name in ("suggest", "on_trial_result", "on_trial_complete"):
+            setattr(searcher, name, guard(getattr(searcher, name)))
+        return searcher
 
     def _fit_memory(self, place: Any, budget: Budget) -> Any:
         """Measures each static shape's device memory where the trials run (a one-off worker on
@@ -587,10 +634,12 @@ class Runner:
             tune_config=tune.TuneConfig(max_concurrent_trials=self.place.slots, reuse_actors=True,
                                         trial_dirname_creator=_trial_dirname),
             run_config=tune.RunConfig(name=f"final-{runs}", storage_path=str(self.root / "tune"), verbose=0,
+                                      callbacks=[_DiskWatch(self)], stop=_DiskWatch.stopper(self),
                                       failure_config=tune.FailureConfig(max_failures=2),
                                       checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True,
                                                                               num_to_keep=2)))
         grid = tuner.fit()
+        self._stop_if_disk_error()
         _drop_kernel_checkpoints(self.root / "tune" / f"final-{runs}", "trial_*")
         done = {}
         for r in grid:
@@ -681,6 +730,110 @@ def _cache_dir() -> str:
     return os.path.join(base, "rl-harness", "jax")
 
 
+def _last_error_line(trial: Any) -> str:
+    """The last line of a failed Tune trial's error (Tune's own log of it is turned off)."""
+    try:
+        text = trial.get_error() or ""
+    except Exception:  # noqa: BLE001 - the error file may be unreadable (a full disk, say)
+        text = ""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "no error text"
+
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT}
+_DISK_TEXTS = {t: t for t in map(os.strerror, _DISK_ERRNOS)} | {  # and SQLite's words for them
+    "database or disk is full": os.strerror(errno.ENOSPC),
+    "attempt to write a readonly database": os.strerror(errno.EROFS)}
+
+
+def disk_problem(err: BaseException | str | None) -> str | None:
+    """What in ``err`` (or the exceptions it wraps: Tune passes a worker's error on as text; or
+    a message) says the disk refuses writes: full, read-only or over quota; None when not that."""
+    if isinstance(err, str):
+        err = RuntimeError(err)
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _DISK_ERRNOS:
+            return os.strerror(err.errno)
+        text = str(err).lower()
+        if found := next((name for t, name in _DISK_TEXTS.items() if t.lower() in text), None):
+            return found
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class _DiskErrorLog(logging.Filter):
+    """On Tune's loggers: an error logged because the results disk refuses writes (Tune saves its
+    experiment state there, logs a traceback when that fails and goes on) stops the study in one
+    line instead (:class:`_DiskWatch`); other records pass."""
+
+    LOGGERS = ("ray.tune.execution.experiment_state", "ray.tune.execution.tune_controller")
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__()
+        self.runner = runner
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        problem = disk_problem(err) or disk_problem(record.getMessage())
+        if problem:
+            self.runner.disk_error = self.runner.disk_error or problem
+        return problem is None
+
+    @classmethod
+    def install(cls, runner: Runner) -> None:
+        for name in cls.LOGGERS:
+            log = logging.getLogger(name)
+            for f in [f for f in log.filters if isinstance(f, cls)]:
+                log.removeFilter(f)
+            log.addFilter(cls(runner))
+
+
+def writable(folder: Path) -> str | None:
+    """None when a small file can be written in ``folder``, else why not (full, read-only, over quota)."""
+    from harness.records import write_bytes
+
+    probe = folder / ".write-probe"
+    try:
+        write_bytes(probe, b"ok" * 2048)
+        probe.unlink()
+    except OSError as err:
+        if err.errno in _DISK_ERRNOS:
+            return os.strerror(err.errno)
+    return None
+
+
+class _DiskWatch:
+    """A Tune callback and stopper: a trial that fails while the results disk refuses writes
+    (its checkpoint could not be saved, say) stops the study instead of being retried until it
+    counts as failed; so does a disk error the searcher met (:meth:`Runner._guard_disk`)."""
+
+    def __new__(cls, runner: Runner) -> Any:
+        from ray import tune
+
+        class DiskWatch(tune.Callback):
+            def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+                runner.disk_error = runner.disk_error or writable(runner.root)
+
+            on_trial_error = on_trial_recover
+
+        return DiskWatch()
+
+    @staticmethod
+    def stopper(runner: Runner) -> Any:
+        from ray import tune
+
+        class StopOnDiskError(tune.Stopper):
+            def __call__(self, trial_id: str, result: dict) -> bool:
+                return False
+
+            def stop_all(self) -> bool:
+                return runner.disk_error is not None
+
+        return StopOnDiskError()
+
+
 def _drop_kernel_checkpoints(folder: Path, trials: str) -> None:
     """Deletes the mid-run kernel checkpoints of the Tune trial folders ``folder/trials`` (a glob):
     once a trial is recorded no retry needs them, and they can be large (SAC's replay buffers)."""
@@ -732,6 +885,13 @@ class _Progress:
                     print(f"  {runner.done}/{runner.budget.trials} trials done, "
                           f"{sum(t.status == 'RUNNING' for t in trials)} running{best}; "
                           f"{steps:,} env steps, {rate:,.0f} steps/s", flush=True)
+
+            def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+                print(f"  trial {trial.config['plan']['trial']} failed ({_last_error_line(trial)}); "
+                      f"retrying from its last checkpoint", flush=True)
+
+            def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+                print(f"  trial {trial.config['plan']['trial']}: {_last_error_line(trial)}", flush=True)
 
             def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
                 plan = trial.config["plan"]

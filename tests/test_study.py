@@ -5,6 +5,7 @@ starts is stopped (each test runs Ray under its own RAY_TMPDIR and checks nothin
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -38,7 +39,7 @@ def _one_error_line(result: subprocess.CompletedProcess, expect: str) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and expect in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
 
 
 def _write_study(path: Path, body: str) -> Path:
@@ -317,6 +318,81 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
     assert [c["params"] for c in whole["configs"]] == [c["params"] for c in crashed[1]["configs"]]
     for key in ("configs", "curves", "env_steps"):
         assert whole[key] == crashed[1][key], key
+
+
+def _fault_once(args: list[str], env: dict, ready, fault) -> subprocess.CompletedProcess:
+    """Runs the study until ``ready()``, then ``fault()``; waits for it to end."""
+    proc = subprocess.Popen([sys.executable, "-m", "harness.study", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    fault()
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.slow
+def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and_resumes(tmp_path, ray_env):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small results disk (tmpfs) needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=True)
+    root = disk / "cartpole_ppo"
+    args = ["cartpole_ppo", *TINY, "--trials", "4", "--checkpoint-every", "1chunk", "--out", str(disk)]
+
+    def recorded() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in (root / "trials").glob("*.json")} if root.exists() else {}
+
+    def fill() -> None:
+        with open(disk / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(bytes(1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+
+    def read_only() -> None:  # files open for writing keep `mount -o remount,ro` busy: the path is
+        keep.mkdir()          # swapped for a read-only view of the same disk (new writes fail with EROFS)
+        subprocess.run(["mount", "--bind", str(disk), str(keep)], check=True)
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+        subprocess.run(["mount", "--bind", str(keep), str(disk)], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(disk)], check=True)
+
+    keep = tmp_path / "keep"
+    try:
+        r = _fault_once(args, ray_env, lambda: len(recorded()) >= 1, fill)  # the disk fills up mid-study
+        _one_error_line(r, "No space left on device")
+        assert "trials recorded so far (" in r.stderr and ") are intact" in r.stderr, r.stderr
+        assert "resume with: python -m harness.study cartpole_ppo" in r.stderr
+        kept = recorded()
+        assert 1 <= len(kept) < 4, r.stdout
+        (disk / "filler").unlink()  # space is back; this time the disk turns read-only mid-study
+        r = _fault_once(args, ray_env, lambda: len(recorded()) > len(kept), read_only)
+        _one_error_line(r, "Read-only file system")
+        assert {k: v for k, v in recorded().items() if k in kept} == kept  # records already written: intact
+        kept = recorded()
+        subprocess.run(["mount", "-o", "remount,bind,rw", str(disk)], check=True)
+        r = _study(*args, env=ray_env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"resuming: {len(kept)} trials recorded" in r.stdout
+        records = load_trials(root)
+        assert sorted(rec["trial"] for rec in records) == [0, 1, 2, 3]
+        assert {rec["status"] for rec in records} == {"complete"}
+        assert {k: v for k, v in recorded().items() if k in kept} == kept
+        numbers = [c["optuna_number"] for rec in records for c in rec["configs"]]
+        ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
+        states = {t.number: t.state.name for t in ostudy.trials}
+        assert len(numbers) == len(set(numbers)) == 8  # no configuration counted twice
+        assert {n: states[n] for n in numbers} == dict.fromkeys(numbers, "COMPLETE")
+        assert sum(s == "COMPLETE" for s in states.values()) == 8, states
+        assert len(pd.read_csv(root / "reports" / "configs.csv")) == 8
+    finally:
+        for mounted in (disk, keep, disk):
+            subprocess.run(["umount", "-l", str(mounted)], capture_output=True)
 
 
 @pytest.mark.slow
