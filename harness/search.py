@@ -9,9 +9,12 @@ it diverged or the trial errored.
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -41,10 +44,28 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     raise ValueError(f"unknown sampler {name!r}; known samplers: {', '.join(SAMPLERS)}")
 
 
-def open_study(study: Study, storage: str, *, seed: int, sampler: str = "tpe") -> optuna.Study:
-    """The Optuna study for ``study`` in ``storage`` (created on first use)."""
+SQLITE_TIMEOUT = 60.0  # seconds a write waits for another process's lock on an SQLite storage
+
+
+@functools.cache
+def storage(url: str) -> optuna.storages.BaseStorage | str:
+    """Optuna storage for ``url``. An SQLite file is shared safely by concurrent processes (several
+    studies with one ``--storage``, optuna-dashboard reading): its tables are created under a file
+    lock (processes creating them at once fail otherwise) and a write waits up to SQLITE_TIMEOUT s
+    for another's lock (SQLite's default is 5 s). Other URLs go to Optuna as they are."""
+    if not url.startswith("sqlite:///"):
+        return url
+    path = Path(url.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT}})
+
+
+def open_study(study: Study, url: str, *, seed: int, sampler: str = "tpe") -> optuna.Study:
+    """The Optuna study for ``study`` in the storage at ``url`` (created on first use)."""
     direction = "maximize" if study.direction == "maximize" else "minimize"
-    return optuna.create_study(study_name=study.name, storage=storage, sampler=make_sampler(sampler, seed),
+    return optuna.create_study(study_name=study.name, storage=storage(url), sampler=make_sampler(sampler, seed),
                                direction=direction, load_if_exists=True)
 
 

@@ -847,11 +847,13 @@ def _trial_dirname(trial: Any) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def _count_trials(storage: str, name: str) -> int:
+def _count_trials(url: str, name: str) -> int:
     import optuna
 
+    from harness.search import storage
+
     try:
-        return len(optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False))
+        return len(optuna.load_study(study_name=name, storage=storage(url)).get_trials(deepcopy=False))
     except KeyError:
         return 0
 

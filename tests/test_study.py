@@ -129,6 +129,51 @@ def test_searcher__diverged_config_fails_in_optuna_while_sibling_completes(tmp_p
 
 # -- end to end ------------------------------------------------------------------------------------
 
+_WRITER = """
+import sys, time
+from pathlib import Path
+import optuna
+from harness.search import storage
+
+url, name, ready, go = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+ready.touch()
+while not go.exists():
+    time.sleep(0.01)
+study = optuna.create_study(study_name=name, storage=storage(url), load_if_exists=True,
+                            sampler=optuna.samplers.RandomSampler(seed=int(ready.stem)))
+for i in range(25):
+    trial = study.ask()
+    x = trial.suggest_float("x", 0.0, 1.0)
+    trial.report(x, step=1)
+    study.tell(trial, x)
+"""
+
+
+def test_optuna_storage__one_sqlite_file_holds_under_concurrent_writers(tmp_path):
+    """Eight processes (two studies sharing one --storage) create the same fresh SQLite storage at
+    once, then each asks and tells 25 trials: none fails (without the creation lock some die on
+    "table studies already exists"), and every trial is stored once."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    go = tmp_path / "go"
+    args = [[sys.executable, str(script), url, f"s{i % 2}", str(tmp_path / f"{i}.ready"), str(go)]
+            for i in range(8)]
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}) for a in args]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.ready"))) < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()  # all at once
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, "\n".join(outs)
+    for name in ("s0", "s1"):
+        trials = optuna.load_study(study_name=name, storage=url).trials
+        assert len(trials) == 100 and {t.state.name for t in trials} == {"COMPLETE"}
+        assert sorted(t.number for t in trials) == list(range(100))
+        assert all(t.value == t.params["x"] == t.intermediate_values[1] for t in trials)
+
+
 @pytest.mark.slow
 def test_study__smoke_run_writes_reports(tmp_path, ray_env):
     r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), env=ray_env)
