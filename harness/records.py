@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -109,3 +110,38 @@ def load_trials(root: Path) -> list[dict[str, Any]]:
 def load_final(root: Path) -> dict[str, Any] | None:
     path = root / "final.json"
     return read_json(path) if path.exists() else None
+
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT}
+_DISK_TEXTS = {t: t for t in map(os.strerror, _DISK_ERRNOS)} | {  # and SQLite's words for them
+    "database or disk is full": os.strerror(errno.ENOSPC),
+    "attempt to write a readonly database": os.strerror(errno.EROFS)}
+
+
+def disk_problem(err: BaseException | str | None) -> str | None:
+    """What in ``err`` (or the exceptions it wraps: Tune passes a worker's error on as text; or
+    a message) says the disk refuses writes: full, read-only or over quota; None when not that."""
+    if isinstance(err, str):
+        err = RuntimeError(err)
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _DISK_ERRNOS:
+            return os.strerror(err.errno)
+        text = str(err).lower()
+        if found := next((name for t, name in _DISK_TEXTS.items() if t.lower() in text), None):
+            return found
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def writable(folder: Path) -> str | None:
+    """None when a small file can be written in ``folder``, else why not (full, read-only, over quota)."""
+    probe = folder / ".write-probe"
+    try:
+        write_bytes(probe, b"ok" * 2048)
+        probe.unlink()
+    except OSError as err:
+        if err.errno in _DISK_ERRNOS:
+            return os.strerror(err.errno)
+    return None

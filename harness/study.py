@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import errno
 import logging
 import math
 import os
@@ -28,7 +27,17 @@ from typing import Any
 
 from harness import lineage
 from harness.cluster import ClusterError
-from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, trial_path, write_json
+from harness.records import (
+    RecordsError,
+    config_id,
+    disk_problem,
+    load_final,
+    load_meta,
+    load_trials,
+    trial_path,
+    writable,
+    write_json,
+)
 from harness.space import Budget, Study, StudyError, label
 
 # Budget options that must stay the same when a study is resumed (trials may grow).
@@ -740,29 +749,6 @@ def _last_error_line(trial: Any) -> str:
     return lines[-1][:200] if lines else "no error text"
 
 
-_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT}
-_DISK_TEXTS = {t: t for t in map(os.strerror, _DISK_ERRNOS)} | {  # and SQLite's words for them
-    "database or disk is full": os.strerror(errno.ENOSPC),
-    "attempt to write a readonly database": os.strerror(errno.EROFS)}
-
-
-def disk_problem(err: BaseException | str | None) -> str | None:
-    """What in ``err`` (or the exceptions it wraps: Tune passes a worker's error on as text; or
-    a message) says the disk refuses writes: full, read-only or over quota; None when not that."""
-    if isinstance(err, str):
-        err = RuntimeError(err)
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in _DISK_ERRNOS:
-            return os.strerror(err.errno)
-        text = str(err).lower()
-        if found := next((name for t, name in _DISK_TEXTS.items() if t.lower() in text), None):
-            return found
-        err = err.__cause__ or err.__context__
-    return None
-
-
 class _DiskErrorLog(logging.Filter):
     """On Tune's loggers: an error logged because the results disk refuses writes (Tune saves its
     experiment state there, logs a traceback when that fails and goes on) stops the study in one
@@ -788,20 +774,6 @@ class _DiskErrorLog(logging.Filter):
             for f in [f for f in log.filters if isinstance(f, cls)]:
                 log.removeFilter(f)
             log.addFilter(cls(runner))
-
-
-def writable(folder: Path) -> str | None:
-    """None when a small file can be written in ``folder``, else why not (full, read-only, over quota)."""
-    from harness.records import write_bytes
-
-    probe = folder / ".write-probe"
-    try:
-        write_bytes(probe, b"ok" * 2048)
-        probe.unlink()
-    except OSError as err:
-        if err.errno in _DISK_ERRNOS:
-            return os.strerror(err.errno)
-    return None
 
 
 class _DiskWatch:

@@ -174,3 +174,25 @@ def test_report__unreadable_trial_records_are_named_and_the_rest_reported(tmp_pa
     paths = report.build(tmp_path, plots=False)
     assert "problems" not in paths and not (tmp_path / "reports" / "problems.txt").exists()
     assert sorted(set(pd.read_csv(paths["configs"]).trial)) == [0, 1, 2]
+
+
+def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_nothing_else():
+    import errno
+    import os
+    import sqlite3
+
+    from harness.records import disk_problem
+
+    full = os.strerror(errno.ENOSPC)
+    assert disk_problem(OSError(errno.ENOSPC, full)) == full
+    try:  # wrapped, as Tune and SQLAlchemy pass it on
+        try:
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        except sqlite3.OperationalError as inner:
+            raise RuntimeError("An exception is raised during the commit") from inner
+    except RuntimeError as err:
+        assert disk_problem(err) == os.strerror(errno.EROFS)
+    assert disk_problem("OSError: [Errno 28] Error writing bytes to file. Detail: No space left on device") == full
+    assert disk_problem(sqlite3.OperationalError("database or disk is full")) == full
+    assert disk_problem(OSError(errno.ENOENT, "No such file or directory")) is None
+    assert disk_problem(ValueError("bad config")) is None
