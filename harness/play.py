@@ -57,11 +57,14 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     import envs
     from algos.common import evaluate_policy
     from harness.kernel import TrialPlan, build_config, keys_for, make_algo
-    from harness.render import RENDERERS
+    from harness.render import RENDERERS, RenderError, brax_frames, use_offscreen_gl
 
     policy, path = _choose(Path(root), config, seed)
-    if gif is not None and policy["env"] not in RENDERERS:
-        raise PlayError(f"no renderer for {policy['env']}; renderers: {', '.join(RENDERERS)}")
+    robot = policy["env"].startswith("brax:")  # drawn from its states by MuJoCo, not from observations
+    if gif is not None and policy["env"] not in RENDERERS and not robot:
+        raise PlayError(f"no renderer for {policy['env']}; renderers: {', '.join(RENDERERS)} and brax:*")
+    if gif is not None and robot:
+        use_offscreen_gl()  # before Brax imports MuJoCo
     params = serialization.msgpack_restore(path.read_bytes())
     cfg = build_config(policy["algo"], policy["config"])
     algo = make_algo(policy["env"], policy["algo"], cfg)
@@ -75,6 +78,7 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     key = jax.random.key(episode_seed)
     obs, state = env.reset(jax.random.fold_in(key, 0), env_params)
     frames_obs, returns, total, t = [jax.device_get(obs)], [0.0], 0.0, 0
+    states = [jax.device_get(state)] if gif is not None and robot else []
     while True:
         s = step(jax.random.fold_in(key, t + 1), state, act(params, obs, env.action_mask(state, env_params)),
                  env_params)
@@ -84,19 +88,28 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
         if bool(s.done):
             break
         obs, state = s.obs, s.state
+        if gif is not None and robot:
+            states.append(jax.device_get(state))
+    frames: list[Any] = []
     if gif is not None:
         from PIL import ImageDraw
 
-        render = RENDERERS[policy["env"]]
-        frames = []
-        for i, (o, ret) in enumerate(zip(frames_obs, returns, strict=True)):
-            img = render(o, env_params)
+        if robot:  # the states before the last step (the episode's end resets the state), <= 200 frames
+            steps_shown = range(0, len(states), max(1, -(-len(states) // 200)))
+            try:
+                frames = brax_frames(env, [states[i] for i in steps_shown])
+            except RenderError as err:
+                raise PlayError(str(err)) from None
+        else:
+            frames = [RENDERERS[policy["env"]](o, env_params) for o in frames_obs]
+            steps_shown = range(len(frames))
+        for img, i in zip(frames, steps_shown, strict=False):
             # the caption also keeps every frame distinct (GIF writers merge identical frames)
-            ImageDraw.Draw(img).text((6, 4), f"{policy['config_id']}  t={i}  return={ret:.1f}", fill="black")
-            frames.append(img)
+            ImageDraw.Draw(img).text((6, 4), f"{policy['config_id']}  t={i}  return={returns[i]:.1f}",
+                                     fill="black" if not robot else "white")
         frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
     return {"config_id": policy["config_id"], "seed": seed, "saved_eval": info["score"],
-            "eval": float(again.return_mean), "episode_return": total, "steps": t, "frames": len(frames_obs)}
+            "eval": float(again.return_mean), "episode_return": total, "steps": t, "frames": len(frames)}
 
 
 def main(argv: list[str] | None = None) -> int:

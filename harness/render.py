@@ -1,8 +1,10 @@
-"""Pictures of an environment's observation, for ``harness.play``'s GIFs (PIL; not in the JAX core)."""
+"""Pictures of an environment's observation, for ``harness.play``'s GIFs (PIL; not in the JAX core).
+Brax robots are drawn from their states by MuJoCo's offscreen renderer (:func:`brax_frames`)."""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -112,3 +114,59 @@ RENDERERS: dict[str, Callable[[np.ndarray, Any], Any]] = {
     "ContinuousCartPole-v1": _cartpole,
     "Pendulum-v1": _pendulum,
 }
+
+
+class RenderError(RuntimeError):
+    """No renderer could draw the frames (one line for the user)."""
+
+
+def use_offscreen_gl() -> str | None:
+    """Picks MuJoCo's headless OpenGL unless MUJOCO_GL is set: EGL (the GPU's driver, or Mesa's
+    software rasteriser on a CPU machine) when libEGL is installed, else OSMesa when libOSMesa is.
+    MuJoCo reads MUJOCO_GL once, when first imported. Returns what MUJOCO_GL is now."""
+    if "MUJOCO_GL" not in os.environ:
+        import ctypes.util
+
+        for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")):
+            if ctypes.util.find_library(lib):
+                os.environ["MUJOCO_GL"] = gl
+                break
+    return os.environ.get("MUJOCO_GL")
+
+
+def brax_frames(env: Any, states: list[Any], *, width: int = 320, height: int = 240) -> list[Any]:
+    """Pictures of a Brax env's states (``envs.adapters.brax.BraxState``, host arrays): MuJoCo's
+    offscreen renderer, a camera tracking the robot's first body. Raises RenderError when MuJoCo
+    has no OpenGL to render with."""
+    use_offscreen_gl()
+    import mujoco
+    from PIL import Image
+
+    model = env.inner.sys.mj_model
+    try:
+        renderer = mujoco.Renderer(model, height, width)
+    except Exception as err:  # noqa: BLE001 - MuJoCo raises several kinds when no GL loads
+        gl = os.environ.get("MUJOCO_GL", "unset")
+        raise RenderError(f"MuJoCo cannot render with MUJOCO_GL={gl} ({str(err).splitlines()[0]}); on a machine "
+                          "without a GPU install Mesa's EGL (apt install libegl1 libegl-mesa0), or OSMesa "
+                          "(libosmesa6) and set MUJOCO_GL=osmesa") from None
+    data = mujoco.MjData(model)
+    camera = mujoco.MjvCamera()
+    camera.type = mujoco.mjtCamera.mjCAMERA_TRACKING
+    camera.trackbodyid = 1
+    camera.elevation = -25.0
+    frames = []
+    try:
+        for k, state in enumerate(states):
+            pipeline = state.inner.pipeline_state
+            q = getattr(pipeline, "q", None)
+            data.qpos[:] = np.asarray(pipeline.qpos if q is None else q)
+            mujoco.mj_forward(model, data)
+            if k == 0:  # framed to the robot's size (the model's extent counts the floor too)
+                spread = np.linalg.norm(data.xpos[1:] - data.xpos[1], axis=-1).max()
+                camera.distance = max(1.5, 4.0 * float(spread))
+            renderer.update_scene(data, camera=camera)
+            frames.append(Image.fromarray(renderer.render()))
+    finally:
+        renderer.close()
+    return frames

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from harness.render import use_offscreen_gl
+
 ROOT = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flag = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+use_offscreen_gl()  # MuJoCo (imported by Brax) renders headless, as in harness.play
 
 
 @pytest.fixture(scope="session")

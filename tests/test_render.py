@@ -5,6 +5,8 @@ The GIF itself (one frame per step plus the first) is checked end to end in test
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -32,3 +34,40 @@ def test_render__frames_have_one_size_and_follow_the_state(name):
         state = s.state
     assert len({f.shape for f in frames}) == 1 and frames[0].ndim == 3
     assert not np.array_equal(frames[0], frames[-1]), "the picture follows the episode"
+
+
+def test_render__a_brax_robot_is_drawn_from_its_states_and_follows_them():
+    pytest.importorskip("brax")
+    from harness.render import brax_frames
+
+    assert os.environ.get("MUJOCO_GL") in ("egl", "osmesa"), "no libEGL or libOSMesa: install Mesa's EGL"
+    env, params = envs.make("brax:inverted_pendulum")
+    obs, state = env.reset(jax.random.key(0), params)
+    states = [jax.device_get(state)]
+    step = jax.jit(env.step)
+    for i in range(30):  # push the cart one way: it moves, the pole tips
+        s = step(jax.random.key(i), state, jax.numpy.ones(env.action_space(params).shape), params)
+        state = s.state
+        states.append(jax.device_get(state))
+    frames = [np.asarray(f) for f in brax_frames(env, states[::10], width=160, height=120)]
+    assert len(frames) == 4 and {f.shape for f in frames} == {(120, 160, 3)}
+    assert all(f.std() > 10 for f in frames)  # a scene, not a blank picture
+    assert not np.array_equal(frames[0], frames[-1]), "the picture follows the robot"
+
+
+def test_render__no_opengl_for_mujoco_is_one_clear_error(tmp_path):
+    pytest.importorskip("brax")
+    import subprocess
+    import sys
+
+    code = ("import jax, envs\n"
+            "from harness.render import RenderError, brax_frames\n"
+            "env, params = envs.make('brax:inverted_pendulum')\n"
+            "try:\n"
+            "    brax_frames(env, [env.reset(jax.random.key(0), params)[1]])\n"
+            "except RenderError as err:\n"
+            "    print('RenderError:', err)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MUJOCO_GL": "disable"})  # as where no OpenGL library loads
+    assert "RenderError: MuJoCo cannot render with MUJOCO_GL=disable" in r.stdout, r.stdout + r.stderr
+    assert "apt install libegl1 libegl-mesa0" in r.stdout
