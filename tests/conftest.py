@@ -68,18 +68,26 @@ def _cmdline(pid: int) -> str:
 
 
 def _ray_processes(tmp: str) -> list[int]:
-    out = []
+    """Processes started with RAY_TMPDIR ``tmp`` (by command line or environment) and their
+    descendants: Ray's agents retitle themselves (setproctitle), which blanks both."""
+    found, parent = set(), {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
+            parent[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if tmp in cmd or f"RAY_TMPDIR={tmp}".encode() in env:
-            out.append(int(pid))
-    return out
+            found.add(int(pid))
+    grown = True
+    while grown:
+        children = {pid for pid, ppid in parent.items() if ppid in found} - found
+        found |= children
+        grown = bool(children)
+    return sorted(found)
 
 
 def listening(pids: list[int]) -> list[tuple[int, str, int]]:
@@ -102,10 +110,14 @@ def listening(pids: list[int]) -> list[tuple[int, str, int]]:
                     ip = ipaddress.ip_address(raw)
                     ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is 127.0.0.1
                     by_inode[f[9]] = (str(ip), int(hexport, 16))
-            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
-        for link in links:
+        for fd in fds:
+            try:  # a busy process closes some of them meanwhile: skip those, not the process
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
             if link.startswith("socket:[") and link[8:-1] in by_inode:
                 out.append((pid, *by_inode[link[8:-1]]))
     return out

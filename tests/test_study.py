@@ -440,8 +440,8 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
         r = _study(*args, env=ray_env)
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"resuming: {len(kept)} trials recorded" in r.stdout
-        records = load_trials(root)
-        assert sorted(rec["trial"] for rec in records) == [0, 1, 2, 3]
+        records = load_trials(root)  # (a proposal refused its inflight/ file when the disk failed never ran:
+        assert len({rec["trial"] for rec in records}) == len(records) == 4  # its trial number is skipped)
         assert {rec["status"] for rec in records} == {"complete"}
         assert {k: v for k, v in recorded().items() if k in kept} == kept
         numbers = [c["optuna_number"] for rec in records for c in rec["configs"]]
@@ -449,7 +449,8 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
         states = {t.number: t.state.name for t in ostudy.trials}
         assert len(numbers) == len(set(numbers)) == 8  # no configuration counted twice
         assert {n: states[n] for n in numbers} == dict.fromkeys(numbers, "COMPLETE")
-        assert sum(s == "COMPLETE" for s in states.values()) == 8, states
+        assert sum(s == "COMPLETE" for s in states.values()) == 8, states  # the others FAIL, never run
+        assert {s for n, s in states.items() if n not in numbers} <= {"FAIL"}, states
         assert len(pd.read_csv(root / "reports" / "configs.csv")) == 8
     finally:
         for mounted in (disk, keep, disk):
