@@ -280,12 +280,22 @@ def test_study__population_based_training_end_to_end(tmp_path, ray_env):
     _one_error_line(bad, "needs --configs-per-trial >= 4, got 2")
 
 
+def _fault_once(args: list[str], env: dict, ready, fault) -> subprocess.CompletedProcess:
+    """Runs the study until ``ready()``, then ``fault(proc)``; waits for it to end."""
+    proc = subprocess.Popen([sys.executable, "-m", "harness.study", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    fault(proc)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def _interrupt_then_resume(tmp_path, env, sig):
     args = ["cartpole_ppo", *TINY, "--out", str(tmp_path), "--checkpoint-every", "1chunk"]
     root = tmp_path / "cartpole_ppo"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.study", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-    deadline = time.monotonic() + 300
 
     def in_flight_with_checkpoint():  # a trial recorded, and one running that has checkpointed
         if not list((root / "trials").glob("*.json")):
@@ -294,18 +304,21 @@ def _interrupt_then_resume(tmp_path, env, sig):
         return {n: e for n, e in going.items() if any(
             (root / "tune").glob(f"*/trial_{e['tune_trial_ids'][-1]}/checkpoint_*/kernel.msgpack"))}
 
-    while not (flying := in_flight_with_checkpoint() if root.exists() else {}):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else ""
-        time.sleep(0.2)
-    proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=120)
+    flying: dict = {}
+
+    def ready() -> bool:
+        flying.update(in_flight_with_checkpoint() if root.exists() else {})
+        return bool(flying)
+
+    first = _fault_once(args, env, ready, lambda proc: proc.send_signal(sig))
+    out = first.stdout + first.stderr
     kept = {p.name: p.read_text() for p in (root / "trials").glob("*.json")}
     assert 1 <= len(kept) < 3, out
     if sig == signal.SIGINT:
-        assert proc.returncode == 130, out
+        assert first.returncode == 130, out
         assert "Resume with: python -m harness.study cartpole_ppo" in out
     else:
-        assert proc.returncode == -signal.SIGKILL
+        assert first.returncode == -signal.SIGKILL
         assert _ray_processes(env["RAY_TMPDIR"])  # a SIGKILLed driver leaves Ray processes behind ...
     r = _study(*args, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -381,19 +394,6 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
         assert whole[key] == crashed[1][key], key
 
 
-def _fault_once(args: list[str], env: dict, ready, fault) -> subprocess.CompletedProcess:
-    """Runs the study until ``ready()``, then ``fault()``; waits for it to end."""
-    proc = subprocess.Popen([sys.executable, "-m", "harness.study", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    deadline = time.monotonic() + 300
-    while not ready():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.2)
-    fault()
-    out, err = proc.communicate(timeout=300)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 @pytest.mark.slow
 def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and_resumes(tmp_path, ray_env):
     if os.geteuid() != 0:
@@ -425,14 +425,15 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
 
     keep = tmp_path / "keep"
     try:
-        r = _fault_once(args, ray_env, lambda: len(recorded()) >= 1, fill)  # the disk fills up mid-study
+        # the disk fills up mid-study
+        r = _fault_once(args, ray_env, lambda: len(recorded()) >= 1, lambda _: fill())
         _one_error_line(r, "No space left on device")
         assert "trials recorded so far (" in r.stderr and ") are intact" in r.stderr, r.stderr
         assert "resume with: python -m harness.study cartpole_ppo" in r.stderr
         kept = recorded()
         assert 1 <= len(kept) < 4, r.stdout
         (disk / "filler").unlink()  # space is back; this time the disk turns read-only mid-study
-        r = _fault_once(args, ray_env, lambda: len(recorded()) > len(kept), read_only)
+        r = _fault_once(args, ray_env, lambda: len(recorded()) > len(kept), lambda _: read_only())
         _one_error_line(r, "Read-only file system")
         assert {k: v for k, v in recorded().items() if k in kept} == kept  # records already written: intact
         kept = recorded()
