@@ -113,8 +113,10 @@ def _trial_checkpointed_on(tune_dir: Path, node_ip: str) -> Path | None:
 def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_trial_to_the_head(tmp_path, ray_env):
     out = tmp_path / "out"
     with two_node_cluster(ray_env, tmp_path) as c:
-        head_net = _netns(int(c.run(c.head_ns, "sh", "-c", "echo $$").stdout))
-        worker_net = _netns(int(c.run(c.worker_ns, "sh", "-c", "echo $$").stdout)) or "?"
+        # each namespace's identity, read by a process inside it (its own /proc/self, so it cannot have exited)
+        head_net, worker_net = (c.run(ns, "readlink", "/proc/self/ns/net").stdout.strip()
+                                for ns in (c.head_ns, c.worker_ns))
+        assert head_net.startswith("net:[") and worker_net.startswith("net:[") and head_net != worker_net
         # the driver runs beside the head; 2 trials at a time (one per node), each checkpointing every chunk
         proc = subprocess.Popen(
             ["ip", "netns", "exec", c.head_ns, sys.executable, "-m", "harness.study", "cartpole_ppo",
@@ -127,6 +129,8 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
                 assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
                 time.sleep(0.5)
             sockets = listening([proc.pid, *_ray_processes(ray_env["RAY_TMPDIR"])])
+            # read while they live (a PID that exited since reads "" and no longer listens)
+            socket_nets = {pid: net for pid, _, _ in sockets if (net := _netns(pid))}
             addresses = {ns: _ip("-n", ns, "-o", "addr").split() for ns in (c.head_ns, c.worker_ns)}
             raylets = [int(p) for p in _ip("netns", "pids", c.worker_ns).split()
                        if Path(f"/proc/{p}/comm").read_text().strip() == "raylet"]
@@ -140,7 +144,8 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
     assert proc.returncode == 0, log
 
     # nothing of the cluster listens outside the two namespaces, which hold loopback and the test subnet only
-    assert {_netns(pid) for pid, _, _ in sockets} <= {head_net, worker_net}, sockets
+    assert set(socket_nets.values()) <= {head_net, worker_net}, (socket_nets, sockets)
+    assert set(socket_nets.values()) == {head_net, worker_net}, socket_nets  # both nodes' processes were seen
     assert {pid for pid, _, _ in sockets} >= {proc.pid}, sockets  # the driver's own ports, in the head's namespace
     for ns, words in addresses.items():
         nets = [ipaddress.ip_interface(w) for prev, w in zip(words, words[1:], strict=False)
