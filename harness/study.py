@@ -381,7 +381,11 @@ class Runner:
                 try:
                     return method(*args, **kwargs)
                 except Exception as err:
-                    if (problem := disk_problem(err)) is None:
+                    problem = disk_problem(err)
+                    if problem is None and isinstance(err, OSError):
+                        # (a file vanishing mid-write as the disk is remounted read-only, say)
+                        problem = writable(self.root)
+                    if problem is None:
                         raise
                     self.disk_error = problem
                     return None
