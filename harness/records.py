@@ -118,11 +118,15 @@ _DISK_TEXTS = {t: t for t in map(os.strerror, _DISK_ERRNOS)} | {  # and SQLite's
     "attempt to write a readonly database": os.strerror(errno.EROFS)}
 
 
-def disk_problem(err: BaseException | str | None) -> str | None:
+def disk_problem(err: BaseException | str | None, folder: Path | None = None) -> str | None:
     """What in ``err`` (or the exceptions it wraps: Tune passes a worker's error on as text; or
-    a message) says the disk refuses writes: full, read-only or over quota; None when not that."""
+    a message) says the disk refuses writes: full, read-only or over quota; None when not that.
+
+    With ``folder``, an OSError that says none of that (a file vanishing mid-write as the disk is
+    remounted read-only, say) counts too when ``folder`` refuses a write now (:func:`writable`)."""
     if isinstance(err, str):
         err = RuntimeError(err)
+    first = err
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -132,7 +136,7 @@ def disk_problem(err: BaseException | str | None) -> str | None:
         if found := next((name for t, name in _DISK_TEXTS.items() if t.lower() in text), None):
             return found
         err = err.__cause__ or err.__context__
-    return None
+    return writable(folder) if folder is not None and isinstance(first, OSError) else None
 
 
 def writable(folder: Path) -> str | None:

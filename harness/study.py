@@ -228,7 +228,7 @@ class Runner:
         except (StudyError, RecordsError, ClusterError, KeyboardInterrupt):
             raise
         except Exception as err:  # the results disk full or read-only: one line, nothing recorded is lost
-            if (problem := disk_problem(err)) is None:
+            if (problem := disk_problem(err, self.root)) is None:
                 raise
             self.disk_error = problem
             self._stop_if_disk_error()
@@ -381,11 +381,7 @@ class Runner:
                 try:
                     return method(*args, **kwargs)
                 except Exception as err:
-                    problem = disk_problem(err)
-                    if problem is None and isinstance(err, OSError):
-                        # (a file vanishing mid-write as the disk is remounted read-only, say)
-                        problem = writable(self.root)
-                    if problem is None:
+                    if (problem := disk_problem(err, self.root)) is None:
                         raise
                     self.disk_error = problem
                     return None

@@ -176,7 +176,7 @@ def test_report__unreadable_trial_records_are_named_and_the_rest_reported(tmp_pa
     assert sorted(set(pd.read_csv(paths["configs"]).trial)) == [0, 1, 2]
 
 
-def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_nothing_else():
+def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_nothing_else(tmp_path, monkeypatch):
     import errno
     import os
     import sqlite3
@@ -195,4 +195,12 @@ def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_noth
     assert disk_problem("OSError: [Errno 28] Error writing bytes to file. Detail: No space left on device") == full
     assert disk_problem(sqlite3.OperationalError("database or disk is full")) == full
     assert disk_problem(OSError(errno.ENOENT, "No such file or directory")) is None
+    # an unrecognised OSError counts only when the results folder refuses a write now
+    assert disk_problem(OSError(errno.ENOENT, "No such file or directory"), tmp_path) is None
+    assert disk_problem(ValueError("bad config"), tmp_path) is None
+    import harness.records
+
+    monkeypatch.setattr(harness.records, "writable", lambda folder: os.strerror(errno.EROFS))  # a read-only disk
+    assert disk_problem(OSError(errno.ENOENT, "No such file or directory"), tmp_path) == os.strerror(errno.EROFS)
+    assert disk_problem(ValueError("bad config"), tmp_path) is None
     assert disk_problem(ValueError("bad config")) is None
