@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,12 @@ def disk_problem(err: BaseException | str | None, folder: Path | None = None) ->
     """What in ``err`` (or the exceptions it wraps: Tune passes a worker's error on as text; or
     a message) says the disk refuses writes: full, read-only or over quota; None when not that.
 
-    With ``folder``, an OSError that says none of that (a file vanishing mid-write as the disk is
-    remounted read-only, say) counts too when ``folder`` refuses a write now (:func:`writable`)."""
+    With ``folder``, an I/O error that says none of that (a file vanishing mid-write as the disk
+    is remounted read-only; SQLite "unable to open database file" as it cannot create its journal)
+    counts too when ``folder`` refuses a write now (:func:`writable`)."""
     if isinstance(err, str):
         err = RuntimeError(err)
-    first = err
+    io_error = False
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -135,8 +137,9 @@ def disk_problem(err: BaseException | str | None, folder: Path | None = None) ->
         text = str(err).lower()
         if found := next((name for t, name in _DISK_TEXTS.items() if t.lower() in text), None):
             return found
+        io_error = io_error or isinstance(err, (OSError, sqlite3.Error))
         err = err.__cause__ or err.__context__
-    return writable(folder) if folder is not None and isinstance(first, OSError) else None
+    return writable(folder) if folder is not None and io_error else None
 
 
 def writable(folder: Path) -> str | None:

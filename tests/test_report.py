@@ -195,7 +195,7 @@ def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_noth
     assert disk_problem("OSError: [Errno 28] Error writing bytes to file. Detail: No space left on device") == full
     assert disk_problem(sqlite3.OperationalError("database or disk is full")) == full
     assert disk_problem(OSError(errno.ENOENT, "No such file or directory")) is None
-    # an unrecognised OSError counts only when the results folder refuses a write now
+    # an unrecognised OSError or SQLite error counts only when the results folder refuses a write now
     assert disk_problem(OSError(errno.ENOENT, "No such file or directory"), tmp_path) is None
     assert disk_problem(ValueError("bad config"), tmp_path) is None
     import harness.records
@@ -204,3 +204,11 @@ def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_noth
     assert disk_problem(OSError(errno.ENOENT, "No such file or directory"), tmp_path) == os.strerror(errno.EROFS)
     assert disk_problem(ValueError("bad config"), tmp_path) is None
     assert disk_problem(ValueError("bad config")) is None
+    try:  # SQLite cannot create its journal beside optuna.db, wrapped as SQLAlchemy does
+        try:
+            raise sqlite3.OperationalError("unable to open database file")
+        except sqlite3.OperationalError as inner:
+            raise RuntimeError("(sqlite3.OperationalError) unable to open database file") from inner
+    except RuntimeError as err:
+        assert disk_problem(err, tmp_path) == os.strerror(errno.EROFS)
+        assert disk_problem(err) is None
