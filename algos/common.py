@@ -96,8 +96,9 @@ class Algo(NamedTuple):
 
     ``init(key, hparams) -> state``; ``chunk(state, hparams) -> (state, metrics [K])``;
     ``evaluate(state, key, num_episodes=None) -> EvalMetrics`` (``num_episodes`` is static: the
-    config's ``eval_episodes`` when None); ``act(policy_params, obs, mask=None) -> env action``
-    (the deterministic policy; ``mask`` is the env's action mask where it has one);
+    config's ``eval_episodes`` when None); ``act(policy_params, obs, mask=None, key=None) -> env
+    action`` (the evaluation policy: deterministic unless the config says to sample, which needs
+    ``key``; ``mask`` is the env's action mask where it has one);
     ``policy_params(state)``: what ``act`` needs (what a checkpoint keeps);
     ``learner_fields``: the state's fields that make up the learner (networks, optimizer states,
     the divergence flag), what population-based training copies between configurations.
@@ -120,12 +121,14 @@ class EvalMetrics(NamedTuple):
 def evaluate_policy(
     env: Environment,
     env_params: Any,
-    act: Callable[[jax.Array, jax.Array | None], jax.Array],
+    act: Callable[[jax.Array, jax.Array | None, jax.Array], jax.Array],
     key: jax.Array,
     num_episodes: int,
 ) -> EvalMetrics:
-    """Runs ``num_episodes`` episodes in parallel with the deterministic policy
-    ``act(obs [N, ...], mask [N, A] or None)``; ``mask`` is the env's action mask, if it has one.
+    """Runs ``num_episodes`` episodes in parallel with the policy ``act(obs [N, ...], mask [N, A]
+    or None, key)``; ``mask`` is the env's action mask, if it has one; ``key``, fresh each step
+    and shared by the batch (a distribution over ``[N, ...]`` draws each row apart), is for a
+    policy that samples.
 
     Each environment plays exactly one episode (at most ``env_params.max_steps`` steps). The
     loop stops once every episode has ended (a ``while_loop``: vmapped, once every lane's have),
@@ -136,10 +139,11 @@ def evaluate_policy(
     step = jax.vmap(env.step, (0, 0, 0, None))
     masks = jax.vmap(env.action_mask, (0, None))
     step_key = jax.random.fold_in(key, 1)
+    act_key = jax.random.fold_in(key, 2)
 
     def body(carry: tuple) -> tuple:
         t, obs, state, ret, length, active = carry
-        action = act(obs, masks(state, env_params))
+        action = act(obs, masks(state, env_params), jax.random.fold_in(act_key, t))
         s = step(jax.random.split(jax.random.fold_in(step_key, t), num_episodes), state, action, env_params)
         ret = ret + jnp.where(active, s.reward, 0.0)
         length = length + active.astype(jnp.int32)

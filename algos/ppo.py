@@ -62,6 +62,8 @@ class PPOConfig:
     clip_value_loss: bool = True  # PPO's clipped value loss; off for large returns (it moves V by at
     # most clip_eps per step)
     eval_episodes: int = 16
+    eval_policy: Literal["greedy", "sample"] = "greedy"  # how evaluation (and play) acts: the
+    # distribution's mode, or a draw from it (for games where the greedy policy loops or stalls)
     divergence_loss: float = 1e7  # |loss| above this (or non-finite) marks a run diverged
 
     def __post_init__(self) -> None:
@@ -70,6 +72,8 @@ class PPOConfig:
                          "num_layers")
         if self.squash not in ("clip", "tanh"):
             raise ValueError(f"squash={self.squash!r}; choose from clip, tanh")
+        if self.eval_policy not in ("greedy", "sample"):
+            raise ValueError(f"eval_policy={self.eval_policy!r}; choose from greedy, sample")
         if self.network not in ("mlp", "transformer"):
             raise ValueError(f"network={self.network!r}; choose from mlp, transformer")
         if self.embed_dim % self.num_heads:
@@ -322,13 +326,18 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
             return state.params
         return {"params": state.params, "obs_stats": state.obs_stats}
 
-    def act(policy: Any, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    def act(policy: Any, obs: jax.Array, mask: jax.Array | None = None, key: jax.Array | None = None) -> jax.Array:
         if config.normalize_observations:  # a dict (restored from msgpack, stats as a dict too)
             s = policy["obs_stats"]
             stats = s if isinstance(s, RunningStats) else RunningStats(s["mean"], s["var"], s["count"])
             pi_out, log_std, _ = apply(policy["params"], stats, obs)
         else:
             pi_out, log_std, _ = net.apply(policy, obs)
+        if config.eval_policy == "sample":
+            if key is None:
+                raise ValueError("eval_policy='sample' acts from a random key: pass key=")
+            dist = ppo_distribution(pi_out, log_std, mask if discrete and config.use_action_mask else None)
+            return env_action(dist.sample(seed=key))
         if not discrete:
             return env_action(pi_out)
         if mask is not None and config.use_action_mask:
@@ -336,7 +345,7 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         return jnp.argmax(pi_out, -1)
 
     def evaluate(state: PPOState, key: jax.Array, num_episodes: int | None = None) -> EvalMetrics:
-        return evaluate_policy(env, env_params, lambda o, m: act(policy_params(state), o, m), key,
+        return evaluate_policy(env, env_params, lambda o, m, k: act(policy_params(state), o, m, k), key,
                                num_episodes or config.eval_episodes)
 
     learner = ("params", "opt_state", "diverged") + (("obs_stats",) if config.normalize_observations else ())

@@ -233,11 +233,12 @@ def make(config: SACConfig, env: Environment, env_params: Any) -> Algo:
         return jax.lax.scan(lambda s, _: iteration(s, hp), state, None,
                             length=config.steps_per_chunk)
 
-    def act(actor_params: Any, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    def act(actor_params: Any, obs: jax.Array, mask: jax.Array | None = None,
+            key: jax.Array | None = None) -> jax.Array:
         return scale(jnp.tanh(actor.apply(actor_params, obs)[0]))
 
     def evaluate(state: SACState, key: jax.Array, num_episodes: int | None = None) -> EvalMetrics:
-        return evaluate_policy(env, env_params, lambda o, m: act(state.actor, o), key,
+        return evaluate_policy(env, env_params, lambda o, m, k: act(state.actor, o), key,
                                num_episodes or config.eval_episodes)
 
     return Algo(init, chunk, evaluate, act, lambda state: state.actor,

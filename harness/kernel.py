@@ -39,7 +39,7 @@ class TrialPlan:
     stream: int = SEARCH
     objective: str = "final"  # what a run's score is (harness.stats.objective_values)
     threshold: float | None = None  # for objective "steps"
-    curve_episodes: int = 4  # deterministic evaluation episodes per seed after every chunk (0: none)
+    curve_episodes: int = 4  # evaluation episodes per seed after every chunk (0: none)
     # population-based training across the C configurations: {"interval": chunks, "fraction",
     # "perturb", "bounds": [[name, low, high, log], ...]} (algos.pbt); None: none
     pbt: dict[str, Any] | None = None
@@ -56,7 +56,7 @@ class ChunkReport:
     num_chunks: int
     env_steps: int  # per seed, cumulative
     returns: np.ndarray  # [C, S] mean return of episodes finished in this chunk (NaN: none)
-    evals: np.ndarray  # [C, S] deterministic evaluation return after this chunk (NaN: not evaluated)
+    evals: np.ndarray  # [C, S] evaluation return after this chunk (NaN: not evaluated)
     diverged: np.ndarray  # [C, S] bool, sticky
     steps_per_sec: float  # all C x S runs together, this chunk
     kernel_seconds: float  # time spent in compiled chunks so far (compile excluded)
@@ -66,7 +66,7 @@ class ChunkReport:
 @dataclass
 class TrialResult:
     scores: np.ndarray  # [C, S] value under the plan's objective (NaN where diverged)
-    final_returns: np.ndarray  # [C, S] deterministic evaluation return after the last chunk
+    final_returns: np.ndarray  # [C, S] evaluation return after the last chunk
     diverged: np.ndarray  # [C, S] bool
     env_steps: int  # per seed
     kernel_seconds: float
@@ -104,9 +104,9 @@ def _compiled(env_name: str, algo_name: str, config: Any,
     """Jitted ``init``, ``chunk`` and ``evaluate`` over ``[C, S]`` lanes.
 
     ``chunk(state, hparams, eval_keys, k) -> (state, metrics, evals [C, S])`` trains one chunk
-    and then evaluates the deterministic policy on ``curve_episodes`` episodes per run, in the
-    same compiled call (NaN when ``curve_episodes`` is 0); its state argument is donated (the old
-    state is never read again, so the device holds one copy).
+    and then evaluates the policy (deterministic unless the config samples) on ``curve_episodes``
+    episodes per run, in the same compiled call (NaN when ``curve_episodes`` is 0); its state
+    argument is donated (the old state is never read again, so the device holds one copy).
     """
     import jax
     import jax.numpy as jnp

@@ -72,7 +72,8 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     act = jax.jit(algo.act)
     info = next(s for s in policy["seeds"] if s["seed"] == seed)
     eval_key = keys_for(TrialPlan(**info["plan"]))[1][info["config_index"], info["seed_index"]]
-    again = evaluate_policy(env, env_params, lambda o, m: algo.act(params, o, m), eval_key, cfg.eval_episodes)
+    again = evaluate_policy(env, env_params, lambda o, m, k: algo.act(params, o, m, k), eval_key,
+                            cfg.eval_episodes)
 
     step = jax.jit(env.step)
     key = jax.random.key(episode_seed)
@@ -80,8 +81,8 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     frames_obs, returns, total, t = [jax.device_get(obs)], [0.0], 0.0, 0
     states = [jax.device_get(state)] if gif is not None and robot else []
     while True:
-        s = step(jax.random.fold_in(key, t + 1), state, act(params, obs, env.action_mask(state, env_params)),
-                 env_params)
+        k_env, k_act = jax.random.split(jax.random.fold_in(key, t + 1))  # k_act: a policy that samples
+        s = step(k_env, state, act(params, obs, env.action_mask(state, env_params), k_act), env_params)
         total, t = total + float(s.reward), t + 1
         frames_obs.append(jax.device_get(s.final_obs))
         returns.append(total)

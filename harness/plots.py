@@ -51,7 +51,8 @@ def _band(values: np.ndarray, *, resamples: int = 500, seed: int = 0) -> tuple[n
         return np.nanpercentile(means, 2.5, axis=0), np.nanpercentile(means, 97.5, axis=0)
 
 
-def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objective: str = "final") -> Path | None:
+def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objective: str = "final",
+                policy: str = "greedy") -> Path | None:
     """The top configurations' evaluation curves (training return where a study has none)."""
     ranked = configs[configs["rank"].notna()].head(TOP)
     if not len(ranked) or not len(curves):
@@ -69,7 +70,8 @@ def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objecti
         (line,) = ax.plot(steps, mean, label=f"{cid} (rank {int(ranked.set_index('config_id').loc[cid, 'rank'])})")
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set(xlabel="env steps per seed",
-           ylabel="evaluation return (deterministic)" if column == "eval_return" else "training episode return",
+           ylabel=(f"evaluation return ({'deterministic' if policy == 'greedy' else 'sampled'})"
+                   if column == "eval_return" else "training episode return"),
            title=f"top {len(ranked)} configurations, ranked by objective {objective!r}\n"
                  "mean over seeds, bootstrap 95% band")
     return _save(plt, fig, path, ax)
@@ -235,7 +237,7 @@ def build(root: Path, configs: pd.DataFrame, curves: pd.DataFrame, best: dict[st
     metric = meta.get("metric", "mean")
     objective = meta.get("objective", "final")
     out = root / "reports"
-    made = [curves_plot(configs, curves, out / "curves.png", objective),
+    made = [curves_plot(configs, curves, out / "curves.png", objective, meta.get("eval_policy", "greedy")),
             params_plot(configs, meta.get("space", {}), metric, out / "params.png", objective),
             progress_plot(configs, metric, meta.get("direction", "maximize") == "maximize", out / "progress.png",
                           objective),

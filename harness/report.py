@@ -66,9 +66,10 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 TIEBREAK = "train_auc"  # the secondary ranking metric, named in the reports
 
 
-def ranked_by(metric: str, objective: str = "final", threshold: float | None = None) -> str:
+def ranked_by(metric: str, objective: str = "final", threshold: float | None = None,
+              policy: str = "greedy") -> str:
     """How configurations are ranked, in words (written to best.json)."""
-    return (f"{describe_objective(objective, threshold)}, {metric} over seeds; ties broken by {TIEBREAK}, "
+    return (f"{describe_objective(objective, threshold, policy)}, {metric} over seeds; ties broken by {TIEBREAK}, "
             "the mean training return over the whole run")
 
 
@@ -119,7 +120,8 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
     meta = load_meta(root)
     final = load_final(root)
     maximize = meta.get("direction", "maximize") == "maximize"
-    how = ranked_by(meta.get("metric", "mean"), meta.get("objective", "final"), meta.get("threshold"))
+    how = ranked_by(meta.get("metric", "mean"), meta.get("objective", "final"), meta.get("threshold"),
+                    meta.get("eval_policy", "greedy"))
     if final and final["configs"]:
         metric = meta.get("metric", "mean")
 

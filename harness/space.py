@@ -119,13 +119,14 @@ class Study:
             configuration (the control).
         final_seeds: fresh seeds for that re-training (rounded up to a multiple of the budget's seeds).
         seed: the study seed every key is derived from.
-        objective: what a run's value is, from the deterministic evaluation after every chunk:
+        objective: what a run's value is, from the evaluation after every chunk (the
+            deterministic policy, or samples from it where the config sets ``eval_policy="sample"``):
             ``final`` (the evaluation return after the last chunk), ``auc`` (the mean evaluation
             return over the run's chunks: reaching a return sooner and keeping it scores higher)
             or ``steps`` (env steps until the evaluation return reaches ``threshold``, censored
             at the budget; minimized).
         threshold: the return ``steps`` counts to.
-        curve_episodes: deterministic evaluation episodes per seed after every chunk.
+        curve_episodes: evaluation episodes per seed after every chunk.
         metric: how a configuration's values over its seeds become its score:
             their ``mean`` or their interquartile mean ``iqm`` (robust to one odd seed).
         direction: ``maximize`` or ``minimize`` the score; by default what the objective needs.

@@ -46,10 +46,12 @@ Objective = Literal["final", "auc", "steps"]
 OBJECTIVES: tuple[str, ...] = ("final", "auc", "steps")
 
 
-def describe_objective(objective: str, threshold: float | None = None) -> str:
-    """The objective in words, for reports and best.json."""
-    return {"final": "final evaluation return (deterministic policy, after the last chunk)",
-            "auc": "area under the evaluation curve: mean deterministic evaluation return over the "
+def describe_objective(objective: str, threshold: float | None = None, policy: str = "greedy") -> str:
+    """The objective in words, for reports and best.json; ``policy``: how evaluation acts
+    (``greedy``: the deterministic policy; ``sample``: actions drawn from it)."""
+    how = "deterministic" if policy == "greedy" else "sampled"
+    return {"final": f"final evaluation return ({how} policy, after the last chunk)",
+            "auc": f"area under the evaluation curve: mean {how}-policy evaluation return over the "
                    "run's chunks (sooner and steadier is better)",
             "steps": f"env steps until the evaluation return first reaches {threshold:g} (censored at the "
                      "budget: never reaching it counts as the whole budget; fewer is better)"

@@ -211,12 +211,14 @@ class Runner:
                         "created": datetime.datetime.now().isoformat(timespec="seconds")}
             meta["budget"] = dataclasses.asdict(budget)
             meta["space"] = {name: _kind(dist) for name, dist in self.study.space.items()}
+            meta["eval_policy"] = self.study.config.get("eval_policy", "greedy")
             write_json(self.root / "study.json", meta)
             self.budget, self.place = budget, place
             print(f"study {self.study.name}: {budget.trials} trials x {budget.configs_per_trial} configs x "
                   f"{budget.seeds} seeds x {budget.timesteps:,} steps on {place.kind} "
                   f"({place.slots} trials at a time)")
-            print(f"objective: {describe_objective(self.study.objective, self.study.threshold)}; "
+            policy = self.study.config.get("eval_policy", "greedy")
+            print(f"objective: {describe_objective(self.study.objective, self.study.threshold, policy)}; "
                   f"{self.study.metric} over seeds, {self.study.direction}d")
             print(f"results: {self.root}")
             if dashboard:

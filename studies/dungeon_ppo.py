@@ -1,4 +1,11 @@
-"""Masked PPO on DungeonCrawl-v1, the grid game where most of the 15 actions are illegal."""
+"""Masked PPO on DungeonCrawl-v1, the grid game where most of the 15 actions are illegal.
+
+Evaluation samples from the policy (``eval_policy="sample"``): at the CPU budget the greedy
+policy of a configuration whose sampled play beats random play still loops and loses health
+(bench/RESULTS.md, issue 11), so a greedy evaluation would rank configurations by how badly
+their argmax stalls rather than by how well they play. 32 episodes per evaluation and 8 fresh
+seeds for the re-training keep that noisier score's confidence intervals narrow.
+"""
 
 from harness.space import Budget, Study, Uniform
 from studies._spaces import PPO
@@ -9,11 +16,13 @@ STUDY = Study(
     env="DungeonCrawl-v1",
     algo="ppo",
     config=dict(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=2, hidden=(64, 64),
-                activation="relu", updates_per_chunk=10, use_action_mask=True),
+                activation="relu", updates_per_chunk=10, use_action_mask=True,
+                eval_policy="sample", eval_episodes=32),
     space=dict(
         **PPO,
         vf_coef=Uniform(0.25, 1.0),
     ),
+    final_seeds=8,
     cpu=Budget(trials=12, configs_per_trial=4, seeds=2, timesteps=500_000),
     gpu=Budget(trials=16, configs_per_trial=64, seeds=8, timesteps=2_000_000),
     smoke=Budget(trials=2, configs_per_trial=2, seeds=2, timesteps=4_096),

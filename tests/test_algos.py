@@ -3,6 +3,7 @@ divergence isolation) for PPO and SAC."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -308,3 +309,33 @@ def test_transformer__needs_a_grid_observation():
         ppo.make(ppo.PPOConfig(network="transformer"), env, p)
     with pytest.raises(ValueError, match="network="):
         ppo.PPOConfig(network="cnn")
+
+
+def test_ppo_eval_policy__sample_draws_legal_actions_in_proportion_and_greedy_takes_the_argmax():
+    env, p = envs.make("DungeonCrawl-v1")
+    config = ppo.PPOConfig(num_envs=4, num_steps=8, num_minibatches=1, update_epochs=1, total_timesteps=32,
+                           eval_policy="sample", eval_episodes=8)
+    algo = ppo.make(config, env, p)
+    greedy = ppo.make(dataclasses.replace(config, eval_policy="greedy"), env, p)
+    hp = ppo.PPOHParams.default()
+    state = algo.init(jax.random.key(1), hp)
+    obs, env_state = env.reset(jax.random.key(2), p)
+    mask = env.action_mask(env_state, p)
+    policy = algo.policy_params(state)
+    logits = ppo.network(config, env, p).apply(policy, obs[None])[0][0]
+    probs = np.asarray(jax.nn.softmax(jnp.where(mask, logits, -jnp.inf)))
+    keys = jax.random.split(jax.random.key(3), 20_000)
+    draws = np.asarray(jax.vmap(lambda k: algo.act(policy, obs, mask, k))(keys))
+    freq = np.bincount(draws, minlength=dungeon.NUM_ACTIONS) / draws.size
+    assert freq[~np.asarray(mask)].sum() == 0.0  # never an illegal action
+    np.testing.assert_allclose(freq, probs, atol=0.015)
+    assert int(greedy.act(policy, obs, mask)) == int(np.argmax(probs))
+    with pytest.raises(ValueError, match="pass key="):
+        algo.act(policy, obs, mask)
+    with pytest.raises(ValueError, match="choose from greedy, sample"):
+        ppo.PPOConfig(eval_policy="random")
+    # evaluation is reproducible from its key, and sampling plays other episodes than the argmax
+    a, b = jax.jit(algo.evaluate)(state, jax.random.key(4)), jax.jit(algo.evaluate)(state, jax.random.key(4))
+    np.testing.assert_array_equal(a.returns, b.returns)
+    g = jax.jit(greedy.evaluate)(state, jax.random.key(4))
+    assert not np.array_equal(np.asarray(a.lengths), np.asarray(g.lengths))
