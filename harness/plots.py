@@ -218,6 +218,10 @@ def _control_html(best: dict[str, Any]) -> str:
                "The default is better: the paired difference's 95% CI excludes 0 the other way."
                if t.get("worse") else "No clear difference: the paired difference's 95% CI includes 0.")
     diff = "" if d["mean"] is None else f"{d['mean']:+.4g} (95% CI {d['ci95'][0]:+.4g} .. {d['ci95'][1]:+.4g})"
+    if r := t.get("above_reference"):
+        times = "" if r["ratio"] is None else f": {r['ratio']:.2g}x"
+        verdict += (f" Above {html.escape(r['label'])} ({r['return']:.4g}): tuned {r['tuned']:.4g}, "
+                    f"default {r['default']:.4g}{times}.")
     return (f"<h3>Tuned vs default (same fresh seeds)</h3><table class='board'><tr><th></th><th>configuration"
             f"</th><th>score</th></tr><tr><td>tuned</td><td>{html.escape(t['tuned']['config_id'])}</td>"
             f"<td>{cell(t['tuned'])}</td></tr><tr><td>default</td><td>{html.escape(_params(t['default']))}</td>"

@@ -141,7 +141,8 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
                               ci95=[lo, hi], seeds=len(top["scores"] or []), scores=top["scores"],
                               diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
             objective=meta.get("objective", "final"), ranked_by=how,
-            tuned_vs_default=tuned_vs_default(top, final.get("control"), metric, maximize),
+            tuned_vs_default=tuned_vs_default(top, final.get("control"), metric, maximize,
+                                              meta.get("reference")),
             reproduce=dict(command=top.get("command"), plans=top.get("plans")),
             candidates=[c["config_id"] for c in final["configs"]])
     if not len(configs) or configs["rank"].isna().all():
@@ -153,12 +154,14 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
 
 
 def tuned_vs_default(tuned: dict[str, Any], control: dict[str, Any] | None, metric: str,
-                     maximize: bool) -> dict[str, Any] | None:
+                     maximize: bool, reference: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The tuned configuration against the control, both re-trained on the same fresh seeds:
     each one's score (``metric`` over seeds) with a bootstrap 95% CI, and the paired
     difference tuned - default with its 95% CI (seeds resampled in pairs). ``better`` says
     whether the difference's CI excludes 0 in the study's direction, ``worse`` whether it
-    excludes 0 the other way (the default is better)."""
+    excludes 0 the other way (the default is better). With a ``reference`` (``{"label",
+    "return"}``: random play's return, say), ``above_reference`` gives each mean's margin over
+    it and the ratio of the margins (None unless the default's margin is positive)."""
     if not control or control.get("failed") or tuned.get("failed"):
         return None
 
@@ -175,11 +178,17 @@ def tuned_vs_default(tuned: dict[str, Any], control: dict[str, Any] | None, metr
     diff, lo, hi = paired_difference(a, b)
     sign = 1.0 if maximize else -1.0
     paired = int(np.sum(np.isfinite(np.subtract(a, b))))
-    return dict(tuned=side(tuned), default=dict(side(control), params=control["params"]),
-                difference=dict(mean=diff, ci95=[lo, hi], paired_seeds=paired),
-                better=bool(np.isfinite(lo) and min(sign * lo, sign * hi) > 0),
-                worse=bool(np.isfinite(lo) and max(sign * lo, sign * hi) < 0),
-                ratio=_ratio(a, b))
+    out = dict(tuned=side(tuned), default=dict(side(control), params=control["params"]),
+               difference=dict(mean=diff, ci95=[lo, hi], paired_seeds=paired),
+               better=bool(np.isfinite(lo) and min(sign * lo, sign * hi) > 0),
+               worse=bool(np.isfinite(lo) and max(sign * lo, sign * hi) < 0),
+               ratio=_ratio(a, b))
+    if reference is not None and out["tuned"]["mean"] is not None and out["default"]["mean"] is not None:
+        ref = float(reference["return"])
+        ta, tb = out["tuned"]["mean"] - ref, out["default"]["mean"] - ref
+        out["above_reference"] = {"label": reference["label"], "return": ref, "tuned": ta, "default": tb,
+                                  "ratio": ta / tb if tb > 0 else None}
+    return out
 
 
 def _mean(values: list[float | None] | None) -> float | None:

@@ -133,6 +133,10 @@ class Study:
         baseline: the control's values for searched names (static or traced); every other
             searched name takes the algorithm's default. The control is re-trained with the
             top configurations on the same fresh seeds, so the reports say what tuning gained.
+        reference: a return to measure scores from (random play's, say), named by
+            ``reference_label``: tuned vs default then also says how far each is above it and
+            the ratio of those margins (a game whose returns start negative has no meaningful
+            plain ratio).
         scheduler: ``asha`` (stop the worse half of the trials at the halfway rung), ``pbt``
             (population-based training inside each trial's kernel, settings in ``pbt``) or
             ``none``; ``--scheduler`` overrides it.
@@ -158,6 +162,8 @@ class Study:
     metric: Literal["mean", "iqm"] = "mean"
     direction: Literal["maximize", "minimize"] | None = None
     baseline: dict[str, Any] = field(default_factory=dict)
+    reference: float | None = None
+    reference_label: str = "reference"
     scheduler: Literal["asha", "pbt", "none"] = "asha"
     pbt: PBT | None = None
     source: str | None = None  # the study file it came from (set by studies.load_file)
@@ -261,6 +267,9 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
     if study.curve_episodes < (0 if study.objective == "final" else 1):
         raise StudyError(f"study {study.name}: curve_episodes must be >= 1 for objective {study.objective!r}, "
                          f"got {study.curve_episodes}")
+    if study.reference is not None and (isinstance(study.reference, bool) or not isinstance(
+            study.reference, (int, float)) or not math.isfinite(study.reference)):
+        raise StudyError(f"study {study.name}: reference must be a finite return, got {study.reference!r}")
     if study.scheduler not in SCHEDULERS:
         raise StudyError(f"study {study.name}: scheduler must be one of {', '.join(SCHEDULERS)}, "
                          f"got {study.scheduler!r}")

@@ -212,6 +212,8 @@ class Runner:
             meta["budget"] = dataclasses.asdict(budget)
             meta["space"] = {name: _kind(dist) for name, dist in self.study.space.items()}
             meta["eval_policy"] = self.study.config.get("eval_policy", "greedy")
+            meta["reference"] = (None if self.study.reference is None else
+                                 {"label": self.study.reference_label, "return": self.study.reference})
             write_json(self.root / "study.json", meta)
             self.budget, self.place = budget, place
             print(f"study {self.study.name}: {budget.trials} trials x {budget.configs_per_trial} configs x "
@@ -709,7 +711,11 @@ def tuned_vs_default_line(t: dict[str, Any], objective: str) -> str:
             f"{d['paired_seeds']} seeds")
     verdict = ("tuning helps" if t["better"] else "the default is better" if t.get("worse")
                else "no clear difference")
-    return f"tuned vs default ({objective}): {side(t['tuned'])} vs {side(t['default'])}; {diff}: {verdict}"
+    line = f"tuned vs default ({objective}): {side(t['tuned'])} vs {side(t['default'])}; {diff}: {verdict}"
+    if r := t.get("above_reference"):
+        times = "" if r["ratio"] is None else f", {r['ratio']:.1f}x"
+        line += (f"; above {r['label']} ({r['return']:g}): {r['tuned']:.2f} vs {r['default']:.2f}{times}")
+    return line
 
 
 def parse_checkpoint_every(text: str) -> dict[str, float]:

@@ -142,6 +142,9 @@ def test_study__steps_objective_is_minimized_and_needs_a_threshold():
         _validate(_study(objective="best"))
     with pytest.raises(StudyError, match="curve_episodes must be >= 1 for objective 'auc'"):
         _validate(_study(objective="auc", curve_episodes=0))
+    with pytest.raises(StudyError, match="reference must be a finite return, got 'random'"):
+        _validate(_study(reference="random"))
+    _validate(_study(reference=-0.86))
 
 
 def test_study__baseline_names_searched_settings_and_must_build():
@@ -253,6 +256,16 @@ def test_report__tuned_vs_default_pairs_the_seeds(tmp_path):
     t = json.loads(report.build(tmp_path)["best"].read_text())["tuned_vs_default"]
     assert t["worse"] and not t["better"]
     assert "The default is better" in (tmp_path / "reports" / "index.html").read_text()
+    assert "above_reference" not in t
+    # with a reference return (random play's), each mean's margin over it and their ratio
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize", "objective": "auc", "space": {},
+                                         "reference": {"label": "random play", "return": -50.0}})
+    write_json(tmp_path / "final.json", {"trials": [0], "configs": [_final_config("t0000c0", default)],
+                                         "control": _final_config("default", [v - 200 for v in default])})
+    r = json.loads(report.build(tmp_path)["best"].read_text())["tuned_vs_default"]["above_reference"]
+    assert r == {"label": "random play", "return": -50.0, "tuned": 262.5, "default": 62.5, "ratio": 4.2}
+    page = (tmp_path / "reports" / "index.html").read_text()
+    assert "Above random play (-50): tuned 262.5, default 62.5: 4.2x." in page
 
 
 def test_summary__tuned_vs_default_line_says_whether_tuning_helped():
@@ -263,6 +276,8 @@ def test_summary__tuned_vs_default_line_says_whether_tuning_helped():
     line = tuned_vs_default_line(t, "auc")
     assert line == ("tuned vs default (auc): 480.0 (95% CI 470.0..490.0) vs 300.0 (95% CI 250.0..350.0); "
                     "paired difference +180.0 (95% CI +120.0..+230.0) over 6 seeds: tuning helps")
+    t["above_reference"] = {"label": "random play", "return": -1.0, "tuned": 481.0, "default": 301.0, "ratio": 1.6}
+    assert tuned_vs_default_line(t, "auc").endswith("tuning helps; above random play (-1): 481.00 vs 301.00, 1.6x")
 
 
 def test_readme__study_file_example_loads_and_validates(tmp_path):
