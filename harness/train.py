@@ -4,7 +4,8 @@
     python -m harness.train --algo sac --env Pendulum-v1 --timesteps 20000 --set hidden=64,64
 
 Prints progress after every chunk (env steps, mean return of finished episodes, steps/s)
-and each seed's deterministic evaluation return at the end.
+and each seed's evaluation return at the end (the deterministic policy's unless the config
+sets eval_policy=sample).
 """
 
 from __future__ import annotations
