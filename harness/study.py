@@ -341,7 +341,7 @@ class Runner:
         chunks = self._max_chunks()
         scheduler = None if self.scheduler != "asha" or chunks < 3 else RecordingASHA(
             time_attr="training_iteration", metric="score", mode="max" if self.study.direction == "maximize"
-            else "min", max_t=chunks, grace_period=max(1, chunks // 2), reduction_factor=2)
+            else "min", max_t=chunks, grace_period=halfway_rung(chunks), reduction_factor=2)
         searcher = BatchedOptunaSearcher(
             self.study, ostudy, static_names=self.study.static_names(self.config_fields),
             configs_per_trial=self.budget.configs_per_trial,
@@ -739,6 +739,14 @@ def _kind(dist: Any) -> str:
     if isinstance(dist, LogUniform) or (isinstance(dist, Int) and dist.log):
         return "log"
     return {Int: "int", Categorical: "categorical"}.get(type(dist), "uniform")
+
+
+def halfway_rung(chunks: int) -> int:
+    """ASHA's grace period for a single rung in the middle of a ``chunks``-chunk trial. Tune's ASHA
+    puts a rung at every grace * 2**k below max_t, so the grace must exceed half of it:
+    ``chunks // 2`` also gave a rung at 2 * grace (chunk 24 of 25), where trials that had
+    nearly finished were stopped and went unranked."""
+    return chunks // 2 + 1
 
 
 def _cache_dir() -> str:

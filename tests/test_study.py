@@ -104,6 +104,18 @@ def test_study_cli__list_names_every_study():
     assert [ln.split()[0] for ln in r.stdout.splitlines()] == STUDY_NAMES
 
 
+@pytest.mark.parametrize("chunks", [3, 4, 10, 24, 25, 50])
+def test_asha__one_rung_in_the_middle_of_a_trial(chunks):
+    from ray.tune.schedulers import ASHAScheduler
+
+    from harness.study import halfway_rung
+
+    asha = ASHAScheduler(time_attr="training_iteration", metric="score", mode="max", max_t=chunks,
+                         grace_period=halfway_rung(chunks), reduction_factor=2)
+    rungs = [milestone for milestone, _ in asha._brackets[0]._rungs]  # Tune's own rung placement
+    assert len(rungs) == 1 and chunks / 2 <= rungs[0] <= chunks / 2 + 1, rungs
+
+
 # -- the searcher tells Optuna each configuration's own result ------------------------------------
 
 def test_searcher__diverged_config_fails_in_optuna_while_sibling_completes(tmp_path):
