@@ -127,6 +127,7 @@ class BatchedOptunaSearcher(Searcher):
         self.nodes: dict[str, list[str]] = {}  # the Ray nodes (IPs) each trial ran on, in order
         self._next = next_trial_number(ostudy)
         self.on_suggest, self.adopt = on_suggest, list(adopt or [])
+        self.reported: set[tuple[int, int]] = set()  # (Optuna number, step) already told to Optuna
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if self.adopt:
@@ -161,6 +162,7 @@ class BatchedOptunaSearcher(Searcher):
         """A killed driver's in-flight trial, proposed again as it was (its Optuna trials still RUNNING)."""
         frozen = {t.number: t for t in self.ostudy.get_trials(deepcopy=False)}
         trials = [optuna.trial.Trial(self.ostudy, frozen[n]._trial_id) for n in entry["optuna_numbers"]]
+        self.reported |= {(n, step) for n in entry["optuna_numbers"] for step in frozen[n].intermediate_values}
         plan = TrialPlan(**entry["plan"])
         self.live[trial_id] = (trials, entry["points"], plan)
         if self.on_suggest:
@@ -181,13 +183,33 @@ class BatchedOptunaSearcher(Searcher):
                 "returns": result["returns"],
                 **{k: result[k] for k in ("evals", "objective") if k in result},
                 **({"pbt": json.loads(result["pbt"])} if result.get("pbt") else {})}
+        if trial_id in self.live and result.get("num_chunks"):  # the curves so far, live
+            picked = reported_chunks(int(result["num_chunks"]))
+            rows = [r for k, r in sorted(self.curves.get(trial_id, {}).items()) if k in picked]
+            self._report(trial_id, rows)
+
+    def _report(self, trial_id: str, rows: list[dict[str, Any]]) -> None:
+        """Each configuration's objective after each of ``rows``' chunks as Optuna intermediate
+        values (step = env steps per seed), each (trial, step) once: Optuna's pruners and
+        optuna-dashboard see the curves while the trial runs. A diverged seed's value is None, so
+        the others' mean is reported."""
+        trials = self.live[trial_id][0]
+        for row in rows:
+            if row.get("objective") is None:
+                continue
+            step = int(row["env_steps"])
+            for i, t in enumerate(trials):
+                value = config_score(row["objective"][i], None, self.study.metric)
+                if value is not None and (t.number, step) not in self.reported:
+                    t.report(value, step=step)
+                    self.reported.add((t.number, step))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.live:
             return
-        trials, points, plan = self.live.pop(trial_id)
         if result:  # the last result may arrive only here (e.g. when the scheduler stops a trial)
             self.on_trial_result(trial_id, result)
+        trials, points, plan = self.live[trial_id]
         if result and result.get("final"):
             status = "complete"
         elif not error and result is not None and self.is_pruned(trial_id):
@@ -218,7 +240,10 @@ class BatchedOptunaSearcher(Searcher):
                                             "resumed_after_chunk", "checkpoints", "checkpoint_seconds")
                      if k in result}}
         self.on_complete(record)
-        report_intermediate(self.ostudy, trials, record)
+        if curves:  # the last chunk too (where the scheduler stopped it), if the spacing skipped it
+            self._report(trial_id, curves[-1:])
+        self.live.pop(trial_id)
+        self.reported -= {(t.number, c["env_steps"]) for t in trials for c in curves}
         if plan.pbt:
             for t, c in zip(trials, configs, strict=True):
                 t.set_user_attr("pbt", "hyperparameters changed mid-run by population-based training; "
@@ -234,22 +259,13 @@ class BatchedOptunaSearcher(Searcher):
         pass
 
 
-MAX_REPORTS = 50  # intermediate values per Optuna trial (evenly spaced chunks, the last included)
+MAX_REPORTS = 50  # intermediate values per Optuna trial: evenly spaced chunks, the first and last included
 
 
-def report_intermediate(ostudy: optuna.Study, trials: list[optuna.Trial], record: dict[str, Any]) -> None:
-    """Each configuration's objective after each chunk (at most ``MAX_REPORTS`` of them) as Optuna
-    intermediate values, step = env steps per seed: Optuna's pruners and optuna-dashboard see
-    the curves. ``trials`` are still running (told after this)."""
-    curves = [c for c in record["curves"] if c.get("objective") is not None]
-    if not curves:
-        return
-    picked = sorted({round(i * (len(curves) - 1) / max(MAX_REPORTS - 1, 1)) for i in range(MAX_REPORTS)})
-    for i, t in enumerate(trials):
-        for k in picked:  # a diverged seed's value is None: the others' mean is reported
-            value = config_score(curves[k]["objective"][i], None, record.get("metric", "mean"))
-            if value is not None:
-                t.report(value, step=int(curves[k]["env_steps"]))
+def reported_chunks(num_chunks: int) -> set[int]:
+    """The chunks (1-based) whose objective Optuna is told as it arrives: every one up to
+    ``MAX_REPORTS`` chunks, evenly spaced ones beyond."""
+    return {1 + round(i * (num_chunks - 1) / (MAX_REPORTS - 1)) for i in range(MAX_REPORTS)}
 
 
 def config_value(config: dict[str, Any], metric: str = "mean") -> float | None:

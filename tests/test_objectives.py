@@ -189,8 +189,11 @@ def test_searcher__every_configuration_reports_its_objective_curve_to_optuna(tmp
     cfg = s.suggest("a")
     assert cfg["plan"]["objective"] == "auc" and cfg["plan"]["curve_episodes"] == study.curve_episodes
     for k, steps in ((1, 1024), (2, 2048)):
-        s.on_trial_result("a", {"chunk": k, "env_steps": steps, "returns": [[1, 1], [2, 2]],
+        s.on_trial_result("a", {"chunk": k, "num_chunks": 2, "env_steps": steps, "returns": [[1, 1], [2, 2]],
                                 "evals": [[k, k], [3 * k, 3 * k]], "objective": [[k, k], [2 * k, 4 * k]]})
+        live = ostudy.trials  # told as each chunk arrives: optuna-dashboard shows running trials' curves
+        assert [t.state.name for t in live] == ["RUNNING"] * 2
+        assert live[1].intermediate_values == ({1024: 3.0, 2048: 6.0} if k == 2 else {1024: 3.0})
     s.on_trial_complete("a", {"final": True, "scores": [[2.0, 2.0], [4.0, 8.0]], "final_returns": [[1, 1], [2, 2]],
                               "diverged": [[False, False], [False, False]], "env_steps": 2048})
     a0, a1 = ostudy.trials
@@ -204,6 +207,37 @@ def test_searcher__every_configuration_reports_its_objective_curve_to_optuna(tmp
     b0, b1 = ostudy.trials[2:]
     assert b0.state.name == "PRUNED" and b0.intermediate_values == {1024: 5.0} and b1.intermediate_values == {
         1024: 7.0}
+
+
+def test_searcher__a_long_trial_reports_50_evenly_spaced_chunks_the_last_included_and_each_step_once(tmp_path):
+    import warnings
+
+    import studies
+    from harness.search import MAX_REPORTS, BatchedOptunaSearcher, open_study, reported_chunks
+
+    assert reported_chunks(7) == set(range(1, 8)) and reported_chunks(1) == {1}
+    assert len(reported_chunks(200)) == MAX_REPORTS and {1, 200} <= reported_chunks(200)
+    study = studies.get("cartpole_ppo")
+    ostudy = open_study(study, f"sqlite:///{tmp_path / 'o.db'}", seed=0)
+    s = BatchedOptunaSearcher(study, ostudy, static_names=["num_minibatches"], configs_per_trial=1,
+                              plan_defaults=dict(env="CartPole-v1", algo="ppo", seeds=1),
+                              timesteps=200 * 64, extra={}, on_complete=lambda r: None, is_pruned=lambda t: True)
+    s.suggest("a")
+
+    def row(k):
+        return {"chunk": k, "num_chunks": 200, "env_steps": 64 * k, "returns": [[k]], "evals": [[k]],
+                "objective": [[float(k)]]}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Optuna warns when a step is reported twice
+        for k in range(1, 120):
+            s.on_trial_result("a", row(k))
+        s.on_trial_result("a", row(119))  # a result sent again (as after a restore)
+        s.on_trial_complete("a", row(119))  # stopped at chunk 119 by the scheduler
+    (t,) = ostudy.trials
+    told = sorted(t.intermediate_values)
+    assert told == sorted({64 * k for k in reported_chunks(200) if k < 119} | {64 * 119})
+    assert all(t.intermediate_values[step] == step / 64 for step in told)
 
 
 # -- the reports -------------------------------------------------------------------------------------
