@@ -95,17 +95,49 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
                 kwargs["_node_ip_address"] = "127.0.0.1"  # a head on loopback: join it there
             ctx = ray.init(address=address, **kwargs)
         else:
-            ctx = ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1",
-                           dashboard_host="127.0.0.1", include_dashboard=True,
-                           _metrics_export_port=metrics_port, **kwargs)
+            ctx = _init_embedded(ray, num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1",
+                                 dashboard_host="127.0.0.1", include_dashboard=True,
+                                 _metrics_export_port=metrics_port, **kwargs)
     except ClusterError:
         raise
-    except (ConnectionError, RuntimeError, ValueError) as err:
+    except Exception as err:  # Ray raises a bare Exception when its node misses the startup wait
+        if not isinstance(err, (ConnectionError, RuntimeError, ValueError)) and not _startup_timeout(err):
+            raise
         where = address or "a local Ray"
         raise ClusterError(f"cannot start or reach {where}: {str(err).splitlines()[0]}") from None
     url = getattr(ctx, "dashboard_url", None)
     dashboard = f"http://{url}" if url and not url.startswith("http") else url
     return dashboard, None if address else f"http://127.0.0.1:{metrics_port}/metrics"
+
+
+def _startup_timeout(err: BaseException) -> bool:
+    return "timed out during startup" in str(err)
+
+
+def _init_embedded(ray: Any, **kwargs: Any) -> Any:
+    """``ray.init`` for the embedded Ray, tried twice: Ray gives its raylet a fixed 30 s to
+    register, which a loaded machine can miss ("The current node timed out during startup").
+    The processes a failed try started are stopped before the next."""
+    import psutil
+
+    me = psutil.Process()
+    for attempt in (1, 2):
+        before = {p.pid for p in me.children(recursive=True)}
+        try:
+            return ray.init(**kwargs)
+        except Exception as err:
+            if attempt == 2 or not _startup_timeout(err):
+                raise
+            print("the local Ray missed its startup wait; starting it again", flush=True)
+            ray.shutdown()
+            started = [p for p in me.children(recursive=True) if p.pid not in before]
+            for stop in ("terminate", "kill"):
+                for p in started:
+                    try:
+                        getattr(p, stop)()
+                    except psutil.NoSuchProcess:
+                        pass
+                _, started = psutil.wait_procs(started, timeout=10)
 
 
 def note_session(path: Any) -> None:

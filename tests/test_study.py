@@ -104,6 +104,57 @@ def test_study_cli__list_names_every_study():
     assert [ln.split()[0] for ln in r.stdout.splitlines()] == STUDY_NAMES
 
 
+def _timed_out_start(monkeypatch, times: int) -> tuple[list, list]:
+    """ray.init for ``cluster.start`` that misses Ray's startup wait ``times`` times, each time
+    leaving a process behind as a failed start leaves its raylet."""
+    import ray
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # start() sets Ray's variables
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    calls, left = [], []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) <= times:
+            left.append(subprocess.Popen(["sleep", "120"]))
+            raise Exception("The current node timed out during startup. This could happen because "
+                            "some of the raylet failed to startup or the GCS has become overloaded.")
+        return type("Ctx", (), {"dashboard_url": "127.0.0.1:8265"})()
+
+    monkeypatch.setattr(ray, "init", init)
+    return calls, left
+
+
+def test_cluster__a_local_ray_that_misses_its_startup_wait_is_started_again_without_the_first_try(
+        monkeypatch):
+    from harness import cluster
+
+    calls, left = _timed_out_start(monkeypatch, times=1)
+    try:
+        dashboard, _ = cluster.start(None)
+        assert len(calls) == 2 and calls[0] == calls[1]
+        assert dashboard == "http://127.0.0.1:8265"
+        assert left[0].poll() is not None, "the failed try's process is still running"
+    finally:
+        left[0].kill()
+        left[0].wait()
+
+
+def test_cluster__a_local_ray_that_never_starts_is_one_line_not_a_traceback(monkeypatch):
+    from harness import cluster
+
+    calls, left = _timed_out_start(monkeypatch, times=2)
+    try:
+        with pytest.raises(cluster.ClusterError, match=r"^cannot start or reach a local Ray: The current "
+                                                       r"node timed out during startup\. [^\n]*$"):
+            cluster.start(None)
+        assert len(calls) == 2
+    finally:
+        for p in left:
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.parametrize("chunks", [3, 4, 10, 24, 25, 50])
 def test_asha__one_rung_in_the_middle_of_a_trial(chunks):
     from ray.tune.schedulers import ASHAScheduler
