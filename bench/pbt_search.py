@@ -1,10 +1,12 @@
 """Population-based training in the kernel against TPE search and Ray Tune's PBT, at equal env steps.
 
-    python bench/pbt_search.py [--population 16] [--seeds 2] [--timesteps 40960] [--interval 2]
+    python bench/pbt_search.py [--env cartpole|dungeon] [--population 16] [--seeds 2] [--timesteps 40960]
+                               [--interval 2]
 
-The same PPO space as ``cartpole_ppo`` (its traced hyperparameters; 4 minibatches), CartPole-v1,
-objective ``final`` (the deterministic evaluation after the last chunk, mean over seeds), N
-configurations x S seeds x T env steps in each of:
+PPO's traced hyperparameters as ``cartpole_ppo`` and ``dungeon_ppo`` search them (lr, gamma, GAE
+lambda, clip, entropy and value coefficients), on CartPole-v1 (4 minibatches) or DungeonCrawl-v1
+(``dungeon_ppo``'s network, masks and sampled evaluation), objective ``final`` (the evaluation
+after the last chunk, mean over seeds), N configurations x S seeds x T env steps in each of:
 
 - ``kernel-pbt``: ``harness.study --scheduler pbt``, two trials of N/2 configurations (two
   populations, one kernel each, one per core as TPE's concurrent trials); every ``interval`` chunks
@@ -38,17 +40,29 @@ import _common  # noqa: F401  (XLA flag before JAX starts)
 import numpy as np
 
 STATIC = dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10, num_minibatches=4)
+ENVS = ("cartpole", "dungeon")
+
+
+def target(name: str) -> tuple[str, dict[str, Any]]:
+    """The env and its static config: CartPole with ``STATIC``, the dungeon as ``dungeon_ppo`` has it."""
+    if name == "cartpole":
+        return "CartPole-v1", STATIC
+    import studies
+
+    study = studies.get("dungeon_ppo")
+    return study.env, study.config
 
 
 def study_file(folder: Path, args: argparse.Namespace) -> Path:
+    env, static = target(args.env)
     path = folder / "pbt_bench.py"
     path.write_text(textwrap.dedent(f"""
         from harness.space import PBT, Budget, Study, Uniform
         from studies._spaces import PPO
 
         _B = Budget(trials=1, configs_per_trial=4, seeds={args.seeds}, timesteps={args.timesteps})
-        STUDY = Study(name="pbt_bench", description="PBT benchmark", env="CartPole-v1", algo="ppo",
-                      config={STATIC!r}, space=dict(**PPO, vf_coef=Uniform(0.25, 1.0)), objective="final",
+        STUDY = Study(name="pbt_bench", description="PBT benchmark", env={env!r}, algo="ppo",
+                      config={static!r}, space=dict(**PPO, vf_coef=Uniform(0.25, 1.0)), objective="final",
                       top_k=0, pbt=PBT(interval={args.interval}), cpu=_B, gpu=_B, smoke=_B)
     """))
     return path
@@ -84,7 +98,7 @@ def _tune_trainable() -> type:
             from harness.trainable import setup_process
 
             setup_process({"pin_cores": True, "cpus": 1})
-            self.plan = TrialPlan(env="CartPole-v1", algo="ppo", config=config["static"], seeds=config["seeds"],
+            self.plan = TrialPlan(env=config["env"], algo="ppo", config=config["static"], seeds=config["seeds"],
                                   hparams=[{k: float(config[k]) for k in config["names"]}], trial=config["index"],
                                   objective="final", curve_episodes=4)
             self.runner = TrialRunner(self.plan)
@@ -127,6 +141,7 @@ def tune_pbt(out: Path, args: argparse.Namespace) -> dict:
     from studies._spaces import PPO
 
     space = {**PPO, "vf_coef": Uniform(0.25, 1.0)}
+    env, static = target(args.env)
 
     def dist(d: Any) -> Any:
         return tune.loguniform(d.low, d.high) if isinstance(d, LogUniform) else tune.uniform(d.low, d.high)
@@ -139,7 +154,7 @@ def tune_pbt(out: Path, args: argparse.Namespace) -> dict:
         rng = np.random.default_rng(0)
         tuner = tune.Tuner(
             tune.with_resources(_tune_trainable(), {"cpu": 1}),
-            param_space={"static": {**STATIC, "total_timesteps": args.timesteps}, "seeds": args.seeds,
+            param_space={"env": env, "static": {**static, "total_timesteps": args.timesteps}, "seeds": args.seeds,
                          "names": list(space), "index": tune.sample_from(lambda _: int(rng.integers(1 << 30))),
                          **{k: dist(d) for k, d in space.items()}},
             tune_config=tune.TuneConfig(scheduler=pbt, metric="score", mode="max", num_samples=args.population,
@@ -157,9 +172,11 @@ def tune_pbt(out: Path, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", choices=ENVS, default="cartpole")
     p.add_argument("--population", type=int, default=16, help="configurations N (a multiple of 8)")
     p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--timesteps", type=int, default=40_960, help="env steps per seed (5,120 per chunk)")
+    p.add_argument("--timesteps", type=int, default=40_960,
+                   help="env steps per seed (a chunk: 5,120 on CartPole, 20,480 in the dungeon)")
     p.add_argument("--interval", type=int, default=2, help="chunks between exploit steps")
     args = p.parse_args()
     if args.population % 8:
@@ -175,8 +192,8 @@ def main() -> None:
         rows["tune-pbt"] = tune_pbt(folder / "c", args)
         print("tune-pbt", json.dumps(rows["tune-pbt"]), flush=True)
     steps = args.population * args.seeds * args.timesteps
-    print(f"CartPole-v1 PPO, {args.population} configurations x {args.seeds} seeds x {args.timesteps:,} steps "
-          f"({steps:,} env steps each), exploit every {args.interval} chunks")
+    print(f"{target(args.env)[0]} PPO, {args.population} configurations x {args.seeds} seeds x "
+          f"{args.timesteps:,} steps ({steps:,} env steps each), exploit every {args.interval} chunks")
     print(f"{'method':11} {'best score':>10} {'wall_s':>8} {'configs scored':>15}")
     for name, r in rows.items():
         print(f"{name:11} {r['score']:>10.1f} {r['wall_s']:>8.1f} {r['configs']:>15}")

@@ -479,10 +479,10 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
             except OSError:
                 pass
 
-    def read_only() -> None:  # files open for writing keep `mount -o remount,ro` busy: the path is
-        keep.mkdir()          # swapped for a read-only view of the same disk (new writes fail with EROFS)
-        subprocess.run(["mount", "--bind", str(disk), str(keep)], check=True)
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+    def read_only() -> None:  # files open for writing keep `mount -o remount,ro` busy: a read-only
+        keep.mkdir()          # view of the same disk is mounted over the path (new writes fail with
+        subprocess.run(["mount", "--bind", str(disk), str(keep)], check=True)  # EROFS); the path is
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(keep)], check=True)  # never empty meanwhile
         subprocess.run(["mount", "--bind", str(keep), str(disk)], check=True)
         subprocess.run(["mount", "-o", "remount,bind,ro", str(disk)], check=True)
 
