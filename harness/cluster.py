@@ -100,9 +100,7 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
                                  _metrics_export_port=metrics_port, **kwargs)
     except ClusterError:
         raise
-    except Exception as err:  # Ray raises a bare Exception when its node misses the startup wait
-        if not isinstance(err, (ConnectionError, RuntimeError, ValueError)) and not _startup_timeout(err):
-            raise
+    except (ConnectionError, RuntimeError, ValueError) as err:
         where = address or "a local Ray"
         raise ClusterError(f"cannot start or reach {where}: {str(err).splitlines()[0]}") from None
     url = getattr(ctx, "dashboard_url", None)
@@ -110,14 +108,11 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
     return dashboard, None if address else f"http://127.0.0.1:{metrics_port}/metrics"
 
 
-def _startup_timeout(err: BaseException) -> bool:
-    return "timed out during startup" in str(err)
-
-
 def _init_embedded(ray: Any, **kwargs: Any) -> Any:
     """``ray.init`` for the embedded Ray, tried twice: Ray gives its raylet a fixed 30 s to
-    register, which a loaded machine can miss ("The current node timed out during startup").
-    The processes a failed try started are stopped before the next."""
+    register, which a loaded machine can miss (a bare ``Exception``: "The current node timed out
+    during startup"). The processes a failed try started are stopped before the next; a second
+    miss is raised as a ``RuntimeError``."""
     import psutil
 
     me = psutil.Process()
@@ -126,18 +121,13 @@ def _init_embedded(ray: Any, **kwargs: Any) -> Any:
         try:
             return ray.init(**kwargs)
         except Exception as err:
-            if attempt == 2 or not _startup_timeout(err):
+            if "timed out during startup" not in str(err):
                 raise
+            if attempt == 2:
+                raise RuntimeError(str(err)) from None
             print("the local Ray missed its startup wait; starting it again", flush=True)
             ray.shutdown()
-            started = [p for p in me.children(recursive=True) if p.pid not in before]
-            for stop in ("terminate", "kill"):
-                for p in started:
-                    try:
-                        getattr(p, stop)()
-                    except psutil.NoSuchProcess:
-                        pass
-                _, started = psutil.wait_procs(started, timeout=10)
+            _stop_processes([p.pid for p in me.children(recursive=True) if p.pid not in before], grace=10)
 
 
 def note_session(path: Any) -> None:
@@ -157,8 +147,6 @@ def stop_leftovers(path: Any, *, grace: float = 5.0) -> list[int]:
     line or open files in its session folder (a killed driver leaves some running). Returns their
     PIDs. A driver still running the study is an error: two drivers must not share a study."""
     import json
-    import signal
-    import time
     from pathlib import Path
 
     try:
@@ -170,19 +158,27 @@ def stop_leftovers(path: Any, *, grace: float = 5.0) -> list[int]:
         raise ClusterError(f"another driver (pid {pid}) is running this study in {Path(path).parent}; "
                            "wait for it or stop it first")
     found = [p for p in _session_processes(session) if p != os.getpid()]
+    _stop_processes(found, grace=grace)
+    Path(path).unlink(missing_ok=True)
+    if found:
+        print(f"stopped {len(found)} Ray processes a killed run of this study left behind")
+    return found
+
+
+def _stop_processes(pids: list[int], *, grace: float) -> None:
+    """SIGTERM, then SIGKILL for those still running after ``grace`` s."""
+    import signal
+    import time
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in found:
+        for p in pids:
             try:
                 os.kill(p, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
-        while any(_state(p) not in ("", "Z") for p in found) and time.monotonic() < deadline:
+        while any(_state(p) not in ("", "Z") for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
-    Path(path).unlink(missing_ok=True)
-    if found:
-        print(f"stopped {len(found)} Ray processes a killed run of this study left behind")
-    return found
 
 
 def _cmdline(pid: int) -> str:
