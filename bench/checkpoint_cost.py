@@ -24,10 +24,11 @@ import time
 import _common  # noqa: F401  (XLA flag before JAX starts)
 
 import studies
+from harness.folder import KERNEL_FILE
 from harness.kernel import TrialPlan, TrialRunner
 from harness.records import write_bytes
 from harness.space import static_points
-from harness.trainable import CHECKPOINT_SECONDS, KERNEL_FILE
+from harness.trainable import CHECKPOINT_SECONDS
 
 
 def checkpoint(runner: TrialRunner, folder: str) -> tuple[float, int]:

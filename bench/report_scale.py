@@ -19,17 +19,18 @@ from pathlib import Path
 import numpy as np
 
 from harness import plots, report, tensorboard
-from harness.records import load_meta, trial_path, write_json
+from harness.folder import ResultsFolder
+from harness.records import write_json
 
 SPACE = {"lr": "log", "gamma": "uniform", "gae_lambda": "uniform", "clip_eps": "uniform", "ent_coef": "log"}
 
 
-def write_study(root: Path, trials: int, configs: int, seeds: int, chunks: int) -> None:
+def write_study(folder: ResultsFolder, trials: int, configs: int, seeds: int, chunks: int) -> None:
     rng = np.random.default_rng(0)
-    write_json(root / "study.json", {"study": "bench", "direction": "maximize", "metric": "mean", "space": SPACE})
+    write_json(folder.study_file, {"study": "bench", "direction": "maximize", "metric": "mean", "space": SPACE})
     for t in range(trials):
         params = [{k: float(rng.uniform(0.01, 1)) for k in SPACE} for _ in range(configs)]
-        write_json(trial_path(root, t), {
+        write_json(folder.trial_file(t), {
             "trial": t, "tune_trial_id": f"x{t}", "status": "complete", "metric": "mean", "seeds": seeds,
             "static": {"total_timesteps": 5120 * chunks}, "env_steps": 5120 * chunks,
             "configs": [{"index": i, "optuna_number": t * configs + i, "params": p, "hparams": p, "pruned": False,
@@ -54,16 +55,17 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=98)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        root = Path(d)
-        write_study(root, a.trials, a.configs, a.seeds, a.chunks)
-        (configs, _, curves), t_tables = timed(lambda: report.tables(root))
-        _, t_small = timed(lambda: report.build(root, plots=False))
-        best = report._jsonable(report.best(root, configs))
-        _, t_plots = timed(lambda: plots.build(root, configs, curves, best))
-        searched = list(load_meta(root)["space"])
-        _, t_tb_top = timed(lambda: tensorboard.write(root, configs, curves, searched))
+        folder = ResultsFolder(Path(d))
+        write_study(folder, a.trials, a.configs, a.seeds, a.chunks)
+        (configs, _, curves), t_tables = timed(lambda: report.tables(folder))
+        _, t_small = timed(lambda: report.build(folder, plots=False))
+        best = report._jsonable(report.best(folder, configs))
+        meta = folder.meta()
+        _, t_plots = timed(lambda: plots.build(folder, meta, configs, curves, best))
+        searched = list(meta.space)
+        _, t_tb_top = timed(lambda: tensorboard.write(folder.tensorboard_dir, configs, curves, searched))
         tensorboard.PER_SEED = len(configs)  # the old behaviour: every configuration's seeds
-        _, t_tb_all = timed(lambda: tensorboard.write(root, configs, curves, searched))
+        _, t_tb_all = timed(lambda: tensorboard.write(folder.tensorboard_dir, configs, curves, searched))
     print(f"{len(configs):,} configurations, {len(curves):,} curve points")
     print(f"tables {t_tables:.1f}s; configs/seeds/best after a trial {t_small:.1f}s; plots {t_plots:.1f}s")
     print(f"tensorboard, per-seed curves for every configuration (before): {t_tb_all:.1f}s")

@@ -11,8 +11,15 @@ import logging
 import os
 import socket
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.folder import ResultsFolder
+    from harness.settings import Settings
+    from harness.space import Budget
 
 
 class ClusterError(RuntimeError):
@@ -224,14 +231,14 @@ def _session_processes(session: str) -> list[int]:
     return out
 
 
+PACKAGES = ("algos", "envs", "harness", "studies")  # this project's packages, shipped to a cluster's workers
+
+
 def _shipped_code(code_dir: str | None) -> dict[str, Any]:
     """Ray runtime environment carrying this project's packages (and ``code_dir``) to workers."""
-    import algos
-    import envs
-    import harness
-    import studies
+    import importlib.util
 
-    env: dict[str, Any] = {"py_modules": [os.path.dirname(m.__file__) for m in (algos, envs, harness, studies)]}
+    env: dict[str, Any] = {"py_modules": [os.path.dirname(importlib.util.find_spec(p).origin) for p in PACKAGES]}
     if code_dir:
         env["working_dir"] = code_dir
         env["excludes"] = ["results/", "*.sqlite3", ".git/", "__pycache__/", ".venv/"]
@@ -258,3 +265,86 @@ def placement(cache_dir: str, *, gpus_per_trial: float = 0.5) -> Placement:
         return Placement("gpu", {"cpu": 1, "gpu": gpus_per_trial},
                          max(1, int(gpus / gpus_per_trial)), device)
     return Placement("cpu", {"cpu": 1}, cpus, {**device, "pin_cores": True, "cpus": 1})
+
+
+@contextmanager
+def session(settings: Settings, folder: ResultsFolder) -> Iterator[tuple[str | None, str | None]]:
+    """Ray for the length of a study: the cluster at ``settings.address``, or an embedded one
+    (first stopping what a killed driver of this study left running, and noting this one so
+    the next run can do the same). Yields the dashboard and metrics URLs; Ray is shut down after.
+
+    Raises:
+        ClusterError: Ray cannot be started or reached, or another driver runs this study.
+    """
+    import ray
+
+    if not settings.address:
+        stop_leftovers(folder.session_file)
+    source = settings.study.source
+    dashboard, metrics = start(settings.address, code_dir=source and os.path.dirname(source))
+    try:
+        if not settings.address:
+            note_session(folder.session_file)
+        yield dashboard, metrics
+    finally:
+        ray.shutdown()
+
+
+def cache_dir() -> str:
+    """JAX's persistent compilation cache, shared by every study and trial process on a node."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rl-harness", "jax")
+
+
+def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any = print) -> Placement:
+    """Measures each static shape's device memory where the trials run (a one-off worker on a
+    GPU) and decides trials per device and configurations per sub-batch; the placement with the
+    checkpoint cadence. Nothing is measured on a CPU unless ``--device-memory`` states a size.
+
+    Raises:
+        StudyError: a shape cannot fit even one configuration at a time (or PBT's whole population).
+    """
+    import dataclasses
+    import math
+
+    from harness.placement import fmt_bytes
+    from harness.space import StudyError, label, static_points
+    from harness.trainable import probe_shapes, shape_key
+
+    place = dataclasses.replace(place, device={**place.device, **settings.checkpoint})
+    if place.kind == "cpu" and settings.device_bytes is None:
+        return place
+    plans, names = {}, {}
+    for point in static_points(settings.study, set(settings.config_fields)):
+        config = settings.static_config(point, budget.timesteps)
+        key = shape_key(config)
+        hparams = [dict(settings.study.hparams)] * budget.configs_per_trial
+        plans[key] = dataclasses.asdict(settings.plan(config, hparams, seeds=budget.seeds, trial=0))
+        where = ", ".join(f"{k}={label(v)}" for k, v in point.items())
+        names[key] = (f"study {settings.study.name}" + (f" ({where})" if where else "") +
+                      f", {budget.configs_per_trial} configs x {budget.seeds} seeds")
+    say("measuring each trial shape's device memory ...")
+    fits = run_once(probe_shapes, plans, names, settings.device_bytes, place.device, gpu=place.kind == "gpu")
+    if isinstance(fits, str):
+        raise StudyError(fits)
+    if fits is None:
+        return place
+    shapes, per_device = {}, []
+    for key, f in fits.items():
+        if settings.scheduler == "pbt" and f["config_batch"] < budget.configs_per_trial:
+            raise StudyError(f"{names[key]}: population-based training needs a trial's {budget.configs_per_trial} "
+                             f"configurations in one kernel, but only {f['config_batch']} fit; lower "
+                             "--configs-per-trial or --seeds")
+        per_device.append(f["per_device"])
+        shapes[key] = {"config_batch": f["config_batch"]}
+        if place.kind == "gpu":
+            shapes[key]["gpu"] = math.floor(10_000 / f["per_device"]) / 10_000  # Ray's resource quantum
+        split = (f", configurations in sub-batches of {f['config_batch']}"
+                 if f["config_batch"] < budget.configs_per_trial else "")
+        say(f"  {names[key]}: {fmt_bytes(f['need'])} per trial of {fmt_bytes(f['available'])}; "
+            f"{f['per_device']} at a time per device{split}")
+    if place.kind == "gpu":
+        slots = int(round(place.slots * place.resources["gpu"])) * max(per_device)  # 1 / share trials per GPU
+    else:
+        slots = min(place.slots, min(per_device))
+    return dataclasses.replace(place, slots=max(1, slots), device={**place.device, "shapes": shapes})

@@ -22,23 +22,25 @@ class PlayError(Exception):
 
 
 def _choose(root: Path, config: str | None, seed: int) -> tuple[dict[str, Any], Path]:
-    folder = root / "checkpoints"
+    from harness.folder import ResultsFolder
+
+    folder = ResultsFolder(root)
     if not root.is_dir():
         raise PlayError(f"no results folder at {root}")
-    kept = sorted(p.name for p in folder.iterdir() if (p / "policy.json").exists()) if folder.is_dir() else []
+    kept = folder.kept_policies()
     if not kept:
         raise PlayError(f"{root} has no checkpoints yet (they are written when the study finishes)")
     if config is None:
-        best = root / "reports" / "best.json"
+        best = folder.report("best.json")
         config = json.loads(best.read_text()).get("config_id") if best.exists() else None
         config = config if config in kept else kept[0]
     if config not in kept:
         raise PlayError(f"no checkpoint for configuration {config!r}; kept: {', '.join(kept)}")
-    policy = json.loads((folder / config / "policy.json").read_text())
+    policy = json.loads((folder.policy_dir(config) / "policy.json").read_text())
     seeds = [s["seed"] for s in policy["seeds"]]
     if seed not in seeds:
         raise PlayError(f"configuration {config} has no seed {seed}; seeds: {', '.join(map(str, seeds))}")
-    return policy, folder / config / f"seed_{seed}.msgpack"
+    return policy, folder.policy_file(config, seed)
 
 
 def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: int = 0,

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.folder import ResultsFolder, StudyMeta
+
 TOP = 5  # configurations drawn in curves.png
 
 
@@ -129,8 +131,8 @@ def progress_plot(configs: pd.DataFrame, metric: str, maximize: bool, path: Path
     return _save(plt, fig, path, ax)
 
 
-def index_html(root: Path, configs: pd.DataFrame, images: list[Path], best: dict[str, Any] | None) -> Path:
-    meta = json.loads((root / "study.json").read_text())
+def index_html(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, images: list[Path],
+               best: dict[str, Any] | None) -> Path:
     table = configs.head(20).to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="",
                                      classes="board", border=0)
     imgs = "\n".join(f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in images)
@@ -139,13 +141,13 @@ def index_html(root: Path, configs: pd.DataFrame, images: list[Path], best: dict
         best_html = (f"<p>Ranked by {html.escape(best.get('ranked_by', ''))}.</p>" + _control_html(best)
                      + f"<pre>{html.escape(json.dumps(best, indent=1))}</pre>")
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(meta['study'])}: rl-harness report</title>
+<html><head><meta charset="utf-8"><title>{html.escape(meta.study)}: rl-harness report</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} table.board{{border-collapse:collapse;
 font-size:12px}} .board td,.board th{{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}}
 img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;font-size:12px;overflow-x:auto}}</style></head>
-<body><h1>{html.escape(meta['study'])}</h1>
-<p>{html.escape(meta.get('env', ''))} / {html.escape(meta.get('algo', ''))}; budget
-{html.escape(json.dumps(meta.get('budget', {})))}. Files: <a href="configs.csv">configs.csv</a>,
+<body><h1>{html.escape(meta.study)}</h1>
+<p>{html.escape(meta.env)} / {html.escape(meta.algo)}; budget
+{html.escape(json.dumps(meta.budget))}. Files: <a href="configs.csv">configs.csv</a>,
 <a href="seeds.csv">seeds.csv</a>, <a href="curves.csv">curves.csv</a>, <a href="final.csv">final.csv</a>,
 <a href="best.json">best.json</a>.</p>
 <h2>Best configuration</h2>{best_html}
@@ -153,7 +155,7 @@ img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;font-size:12px;overflo
 <h2>Plots</h2>{imgs}
 </body></html>
 """
-    path = root / "reports" / "index.html"
+    path = folder.report("index.html")
     path.write_text(page)
     return path
 
@@ -234,19 +236,17 @@ def _params(default: dict[str, Any]) -> str:
                      for k, v in default.get("params", {}).items())
 
 
-def build(root: Path, configs: pd.DataFrame, curves: pd.DataFrame, best: dict[str, Any] | None,
-          pbt: pd.DataFrame | None = None) -> dict[str, Path]:
-    """Writes the plots and index.html under ``root/reports``; returns their paths."""
-    meta = json.loads((root / "study.json").read_text())
-    metric = meta.get("metric", "mean")
-    objective = meta.get("objective", "final")
-    out = root / "reports"
-    made = [curves_plot(configs, curves, out / "curves.png", objective, meta.get("eval_policy", "greedy")),
-            params_plot(configs, meta.get("space", {}), metric, out / "params.png", objective),
-            progress_plot(configs, metric, meta.get("direction", "maximize") == "maximize", out / "progress.png",
-                          objective),
-            pbt_plot(configs, pbt, out / "pbt.png") if pbt is not None else None]
+def build(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, curves: pd.DataFrame,
+          best: dict[str, Any] | None, pbt: pd.DataFrame | None = None) -> dict[str, Path]:
+    """Writes the plots and index.html under the folder's ``reports/``; returns their paths (no
+    plots for a study with no record yet: its page says nothing has been scored)."""
+    metric, objective = meta.metric, meta.objective
+    made = [] if not len(configs) else [
+        curves_plot(configs, curves, folder.report("curves.png"), objective, meta.eval_policy),
+        params_plot(configs, meta.space, metric, folder.report("params.png"), objective),
+        progress_plot(configs, metric, meta.maximize, folder.report("progress.png"), objective),
+        pbt_plot(configs, pbt, folder.report("pbt.png")) if pbt is not None else None]
     images = [p for p in made if p is not None]
     paths = {p.stem + "_png": p for p in images}
-    paths["index"] = index_html(root, configs, images, best)
+    paths["index"] = index_html(folder, meta, configs, images, best)
     return paths

@@ -1,15 +1,6 @@
-"""What a study keeps on disk, written atomically so a crash never leaves half a file.
+"""Files written atomically (a crash never leaves half a file), and what a disk error looks like.
 
-    results/NAME/study.json          the study's name and the options it was started with
-    results/NAME/trials/NNNN.json    one record per finished Tune trial (C configurations)
-    results/NAME/final.json          the re-training of the best configurations on fresh seeds
-    results/NAME/optuna.db           the Optuna study (SQLite)
-    results/NAME/tune/run-K/         Ray Tune's experiment folder, one per (re)start (mid-run
-                                     kernel checkpoints of trials not yet recorded)
-    results/NAME/inflight/NNNN.json  a trial proposed and not yet recorded: what a resumed study
-                                     needs to go on with it (plan, Optuna trials, Tune trial ids)
-    results/NAME/ray-session.json    the driver and session folder of the embedded Ray
-    results/NAME/reports/            CSV reports and best.json, rebuilt from the above
+The layout of a results folder is :mod:`harness.folder`'s alone.
 """
 
 from __future__ import annotations
@@ -57,60 +48,6 @@ def read_json(path: Path) -> Any:
 
 def config_id(trial: int, index: int) -> str:
     return f"t{trial:04d}c{index}"
-
-
-def trial_path(root: Path, trial: int) -> Path:
-    return root / "trials" / f"{trial:04d}.json"
-
-
-def load_meta(root: Path) -> dict[str, Any]:
-    path = root / "study.json"
-    if not path.exists():
-        raise RecordsError(f"{root} is not a study's results folder (no study.json)")
-    return read_json(path)
-
-
-_TRIAL_FIELDS = {"trial": int, "status": str, "seeds": int, "configs": list}
-_warned: set[tuple[str, float]] = set()
-
-
-def read_trials(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """The readable trial records under ``root/trials`` by trial number, and one line for each
-    file that is not one (truncated, corrupt, or missing a field), naming it."""
-    records, problems = [], []
-    for path in sorted((root / "trials").glob("*.json")):
-        try:
-            rec = read_json(path)
-            missing = [k for k, t in _TRIAL_FIELDS.items() if not isinstance(rec, dict) or
-                       not isinstance(rec.get(k), t)]
-            if missing:
-                raise RecordsError(f"{path} is not a trial record (no valid {', '.join(missing)})")
-        except (RecordsError, OSError) as err:
-            problems.append(str(err))
-            continue
-        records.append(rec)
-    return sorted(records, key=lambda r: r["trial"]), problems
-
-
-def load_trials(root: Path) -> list[dict[str, Any]]:
-    """Every readable trial record under ``root/trials``, by trial number. A file that cannot be
-    read is left out and named on stderr (once per process and version of the file); the
-    reports list it in ``reports/problems.txt``."""
-    import sys
-
-    records, problems = read_trials(root)
-    for line in problems:
-        path = line.split(" ", 1)[0]
-        key = (path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
-        if key not in _warned:
-            _warned.add(key)
-            print(f"warning: {line}; left out", file=sys.stderr)
-    return records
-
-
-def load_final(root: Path) -> dict[str, Any] | None:
-    path = root / "final.json"
-    return read_json(path) if path.exists() else None
 
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT}

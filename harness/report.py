@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from harness import lineage
-from harness.records import RecordsError, config_id, load_final, load_meta, load_trials, read_trials, write_json
+from harness.folder import ResultsFolder, as_folder
+from harness.records import RecordsError, config_id, write_json
 from harness.space import label
 from harness.stats import bootstrap_ci, config_score, describe_objective, iqm, paired_difference
 
@@ -28,12 +29,12 @@ def _param_columns(params: dict[str, Any]) -> dict[str, Any]:
     return {k: label(tuple(v)) if isinstance(v, list) else v for k, v in params.items()}
 
 
-def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(configs, seeds, curves) from the records under ``root``."""
-    meta = load_meta(root)
-    maximize = meta.get("direction", "maximize") == "maximize"
+def tables(where: ResultsFolder | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(configs, seeds, curves) from a study's records."""
+    folder = as_folder(where)
+    meta = folder.meta()
     config_rows, seed_rows, curve_parts = [], [], []
-    for rec in load_trials(root):
+    for rec in folder.trials():
         for c in rec["configs"]:
             cid = config_id(rec["trial"], c["index"])
             scores = [np.nan if s is None else s for s in (c.get("scores") or [])]
@@ -59,7 +60,7 @@ def tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     configs = pd.DataFrame(config_rows)
     curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame(columns=CURVE_COLUMNS)
     if len(configs):
-        configs = rank(configs, curves, meta.get("metric", "mean"), maximize)
+        configs = rank(configs, curves, meta.metric, meta.maximize)
     return configs, pd.DataFrame(seed_rows), curves
 
 
@@ -115,15 +116,13 @@ def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
                          "eval_return": evals.reshape(-1)})
 
 
-def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
+def best(folder: ResultsFolder, configs: pd.DataFrame) -> dict[str, Any] | None:
     """The best configuration: by its re-evaluation on fresh seeds when the study has one."""
-    meta = load_meta(root)
-    final = load_final(root)
-    maximize = meta.get("direction", "maximize") == "maximize"
-    how = ranked_by(meta.get("metric", "mean"), meta.get("objective", "final"), meta.get("threshold"),
-                    meta.get("eval_policy", "greedy"))
+    meta = folder.meta()
+    final = folder.final()
+    maximize, metric = meta.maximize, meta.metric
+    how = ranked_by(metric, meta.objective, meta.threshold, meta.eval_policy)
     if final and final["configs"]:
-        metric = meta.get("metric", "mean")
 
         def key(c: dict) -> float:
             value = config_score(c["scores"], c["diverged"], metric)
@@ -133,23 +132,22 @@ def best(root: Path, configs: pd.DataFrame) -> dict[str, Any] | None:
         row = configs.set_index("config_id").loc[top["config_id"]]
         lo, hi = bootstrap_ci(vals)
         return dict(
-            study=meta["study"], config_id=top["config_id"], params=top["params"],
+            study=meta.study, config_id=top["config_id"], params=top["params"],
             metric=metric, search_score=float(row[metric]),
             reevaluation=dict(mean=float(vals.mean()) if len(vals) else None, iqm=iqm(vals),
                               final_return=_mean(top.get("final_returns")),
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
                               ci95=[lo, hi], seeds=len(top["scores"] or []), scores=top["scores"],
                               diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
-            objective=meta.get("objective", "final"), ranked_by=how,
-            tuned_vs_default=tuned_vs_default(top, final.get("control"), metric, maximize,
-                                              meta.get("reference")),
+            objective=meta.objective, ranked_by=how,
+            tuned_vs_default=tuned_vs_default(top, final.get("control"), metric, maximize, meta.reference),
             reproduce=dict(command=top.get("command"), plans=top.get("plans")),
             candidates=[c["config_id"] for c in final["configs"]])
     if not len(configs) or configs["rank"].isna().all():
         return None
     row = configs.iloc[0]
-    return dict(study=meta["study"], config_id=row.config_id, search_score=float(row[meta.get("metric", "mean")]),
-                objective=meta.get("objective", "final"), ranked_by=how, reevaluation=None,
+    return dict(study=meta.study, config_id=row.config_id, search_score=float(row[metric]),
+                objective=meta.objective, ranked_by=how, reevaluation=None,
                 note="the study has not finished its re-evaluation yet")
 
 
@@ -203,9 +201,8 @@ def _ratio(a: list[float], b: list[float]) -> float | None:
     return float(ma / mb) if np.isfinite(ma) and np.isfinite(mb) and mb > 0 else None
 
 
-def final_table(root: Path, metric: str) -> pd.DataFrame:
-    """The re-training on fresh seeds: one row per re-trained configuration and the control."""
-    final = load_final(root)
+def final_table(final: dict[str, Any] | None, metric: str) -> pd.DataFrame:
+    """The re-training on fresh seeds (final.json): one row per re-trained configuration and the control."""
     rows = []
     for role, c in [("tuned", c) for c in (final or {}).get("configs", [])] + (
             [("default", final["control"])] if final and final.get("control") else []):
@@ -221,48 +218,50 @@ def final_table(root: Path, metric: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def build(root: Path, *, plots: bool = True) -> dict[str, Path]:
-    """Writes every report under ``root/reports``; returns their paths. With ``plots`` False
-    (after each trial of a running study) only the small ones: configs.csv, seeds.csv and
-    best.json; curves.csv, the plots, index.html and TensorBoard are written at the end.
+def build(where: ResultsFolder | Path, *, plots: bool = True) -> dict[str, Path]:
+    """Writes every report under the folder's ``reports/``; returns their paths. With ``plots``
+    False (after each trial of a running study) only the small ones: configs.csv, seeds.csv and
+    best.json; curves.csv, the plots, index.html and TensorBoard are written at the end. A study
+    with no record yet gets empty tables and a page that says so.
 
     Raises:
-        RecordsError: ``root`` is not a study's results folder.
+        RecordsError: not a study's results folder.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise RecordsError(f"no results folder at {root}")
-    configs, seeds, curves = tables(root)
-    out = root / "reports"
+    folder = as_folder(where)
+    meta = folder.meta()
+    configs, seeds, curves = tables(folder)
+    out = folder.reports_dir
     out.mkdir(parents=True, exist_ok=True)
     tables_ = {"configs": configs, "seeds": seeds, **({"curves": curves} if plots else {})}
-    if load_final(root):
-        tables_["final"] = final_table(root, load_meta(root).get("metric", "mean"))
-    pbt = lineage.table(load_trials(root))
+    if final := folder.final():
+        tables_["final"] = final_table(final, meta.metric)
+    pbt = lineage.table(folder.trials())
     if len(pbt):
         tables_["pbt"] = pbt
-    paths = {name: out / f"{name}.csv" for name in tables_}
+    paths = {name: folder.report(f"{name}.csv") for name in tables_}
     for name, df in tables_.items():
         tmp = paths[name].with_suffix(".csv.tmp")
         df.to_csv(tmp, index=False)
         tmp.replace(paths[name])
-    problems = out / "problems.txt"  # trial records that could not be read: named, never dropped silently
-    _, unreadable = read_trials(root)
+    problems = folder.report("problems.txt")  # trial records that could not be read: named, never dropped
+    _, unreadable = folder.read_trials()
     if unreadable:
         problems.write_text("trial records left out of these reports:\n" + "".join(f"{p}\n" for p in unreadable))
         paths["problems"] = problems
     else:
         problems.unlink(missing_ok=True)
-    b = best(root, configs)
+    b = best(folder, configs)
     if b is not None:
-        paths["best"] = out / "best.json"
+        paths["best"] = folder.report("best.json")
         write_json(paths["best"], _jsonable(b))
     if plots:
         from harness import plots as plotting
         from harness import tensorboard
 
-        paths.update(plotting.build(root, configs, curves, _jsonable(b) if b else None, pbt if len(pbt) else None))
-        paths["tensorboard"] = tensorboard.write(root, configs, curves, list(load_meta(root).get("space", {})))
+        paths.update(plotting.build(folder, meta, configs, curves, _jsonable(b) if b else None,
+                                    pbt if len(pbt) else None))
+        if len(configs):
+            paths["tensorboard"] = tensorboard.write(folder.tensorboard_dir, configs, curves, list(meta.space))
     return paths
 
 

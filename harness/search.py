@@ -13,16 +13,17 @@ import fcntl
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
 from ray.tune.search import Searcher
 
+from harness.folder import InFlight
 from harness.kernel import TrialPlan
 from harness.space import Categorical, Int, LogUniform, Study, Uniform
-from harness.stats import config_score
+from harness.stats import config_score, config_value
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -62,9 +63,17 @@ def storage(url: str) -> optuna.storages.BaseStorage | str:
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT}})
 
 
-def open_study(study: Study, url: str, *, seed: int, sampler: str = "tpe") -> optuna.Study:
-    """The Optuna study for ``study`` in the storage at ``url`` (created on first use)."""
+def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str = "tpe") -> optuna.Study:
+    """The Optuna study for ``study`` in the storage at ``url`` (created on first use). Without a
+    ``seed``, the sampler's seed moves on with the study (the study's seed and its trials so far),
+    so a resumed study does not replay the proposals it made before it was interrupted."""
     direction = "maximize" if study.direction == "maximize" else "minimize"
+    if seed is None:
+        try:
+            told = len(optuna.load_study(study_name=study.name, storage=storage(url)).get_trials(deepcopy=False))
+        except KeyError:
+            told = 0
+        seed = study.seed * 1_000_003 + told
     return optuna.create_study(study_name=study.name, storage=storage(url), sampler=make_sampler(sampler, seed),
                                direction=direction, load_if_exists=True)
 
@@ -91,37 +100,38 @@ def next_trial_number(ostudy: optuna.Study) -> int:
     return max(numbers, default=-1) + 1
 
 
+PlanFactory = Callable[[list[dict[str, Any]], int], TrialPlan]  # (points, trial number) -> plan
+
+
 class BatchedOptunaSearcher(Searcher):
     """Proposes one Tune trial = C Optuna trials sharing their static values.
 
     Args:
-        study: the study definition (search space, fixed config and hyperparameters).
+        study: the study definition (search space, metric, direction).
         ostudy: the Optuna study (its storage keeps the search resumable).
         static_names: the searched names that are static config fields.
         configs_per_trial: C.
-        plan_defaults: ``TrialPlan`` fields other than config/hparams/trial (env, algo, seeds, ...).
-        timesteps: env steps per seed.
+        make_plan: the trial's plan from its C points (searched values) and its trial number.
         extra: added to every trial's Tune config (device settings).
-        pbt: the plans' population-based training entry (``Study.pbt_plan``), or None.
         on_complete: called with the trial's record (a dict) when a Tune trial ends, before
             Optuna is told, so a crash in between is repaired from the record on resume.
         is_pruned: tells whether the scheduler stopped a Tune trial early.
-        on_suggest: called with a trial's in-flight entry (trial number, plan, points, Optuna
-            numbers, Tune trial ids) when it is proposed, so a driver killed meanwhile can go on.
+        on_suggest: called with a trial's :class:`~harness.folder.InFlight` entry when it is
+            proposed, so a driver killed meanwhile can go on with it.
         adopt: in-flight entries of a killed driver, proposed again first (same trial number,
             plan and Optuna trials) with ``resume_from``: their checkpoints, newest first.
     """
 
     def __init__(self, study: Study, ostudy: optuna.Study, *, static_names: list[str],
-                 configs_per_trial: int, plan_defaults: dict[str, Any], timesteps: int,
-                 extra: dict[str, Any], on_complete: Callable[[dict], None],
-                 is_pruned: Callable[[str], bool], pbt: dict[str, Any] | None = None,
-                 on_suggest: Callable[[dict], None] | None = None, adopt: list[dict] | None = None) -> None:
+                 configs_per_trial: int, make_plan: PlanFactory, extra: dict[str, Any],
+                 on_complete: Callable[[dict], None], is_pruned: Callable[[str], bool],
+                 on_suggest: Callable[[InFlight], None] | None = None,
+                 adopt: list[InFlight] | None = None) -> None:
         super().__init__(metric="score", mode="max" if study.direction == "maximize" else "min")
         self.study, self.ostudy = study, ostudy
         self.static_names, self.c = static_names, configs_per_trial
-        self.plan_defaults, self.timesteps, self.extra = plan_defaults, timesteps, extra
-        self.on_complete, self.is_pruned, self.pbt = on_complete, is_pruned, pbt
+        self.make_plan, self.extra = make_plan, extra
+        self.on_complete, self.is_pruned = on_complete, is_pruned
         self.live: dict[str, tuple[list[optuna.Trial], list[dict[str, Any]], TrialPlan]] = {}
         self.curves: dict[str, dict[int, dict[str, Any]]] = {}
         self.nodes: dict[str, list[str]] = {}  # the Ray nodes (IPs) each trial ran on, in order
@@ -145,31 +155,24 @@ class BatchedOptunaSearcher(Searcher):
         for i, t in enumerate(trials):
             t.set_user_attr(TRIAL_ATTR, number)
             t.set_user_attr(CONFIG_ATTR, i)
-        static = {n: points[0][n] for n in self.static_names}
-        plan = TrialPlan(
-            config={**self.study.config, **static, "total_timesteps": self.timesteps},
-            hparams=[{**self.study.hparams, **{k: float(v) for k, v in p.items()
-                                               if k not in self.static_names}} for p in points],
-            trial=number, objective=self.study.objective, threshold=self.study.threshold,
-            curve_episodes=self.study.curve_episodes, pbt=self.pbt, **self.plan_defaults)
+        plan = self.make_plan(points, number)
         self.live[trial_id] = (trials, points, plan)
         if self.on_suggest:
-            self.on_suggest({"trial": number, "plan": asdict(plan), "points": points,
-                             "optuna_numbers": [t.number for t in trials], "tune_trial_ids": [trial_id]})
+            self.on_suggest(InFlight(trial=number, plan=asdict(plan), points=points,
+                                     optuna_numbers=[t.number for t in trials], tune_trial_ids=[trial_id]))
         return {"plan": asdict(plan), "study": self.study.name, **self.extra}
 
-    def _adopt(self, trial_id: str, entry: dict[str, Any]) -> dict[str, Any]:
+    def _adopt(self, trial_id: str, entry: InFlight) -> dict[str, Any]:
         """A killed driver's in-flight trial, proposed again as it was (its Optuna trials still RUNNING)."""
         frozen = {t.number: t for t in self.ostudy.get_trials(deepcopy=False)}
-        trials = [optuna.trial.Trial(self.ostudy, frozen[n]._trial_id) for n in entry["optuna_numbers"]]
-        self.reported |= {(n, step) for n in entry["optuna_numbers"] for step in frozen[n].intermediate_values}
-        plan = TrialPlan(**entry["plan"])
-        self.live[trial_id] = (trials, entry["points"], plan)
+        trials = [optuna.trial.Trial(self.ostudy, frozen[n]._trial_id) for n in entry.optuna_numbers]
+        self.reported |= {(n, step) for n in entry.optuna_numbers for step in frozen[n].intermediate_values}
+        plan = TrialPlan(**entry.plan)
+        self.live[trial_id] = (trials, entry.points, plan)
         if self.on_suggest:
-            self.on_suggest({**{k: v for k, v in entry.items() if k != "resume_from"},
-                             "tune_trial_ids": [*entry["tune_trial_ids"], trial_id]})
+            self.on_suggest(replace(entry, tune_trial_ids=[*entry.tune_trial_ids, trial_id], resume_from=()))
         return {"plan": asdict(plan), "study": self.study.name, **self.extra,
-                "resume_from": entry.get("resume_from", [])}
+                "resume_from": list(entry.resume_from)}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         for row in json.loads(result.get("restored_curves") or "[]"):  # chunks run before a restore
@@ -266,12 +269,6 @@ def reported_chunks(num_chunks: int) -> set[int]:
     """The chunks (1-based) whose objective Optuna is told as it arrives: every one up to
     ``MAX_REPORTS`` chunks, evenly spaced ones beyond."""
     return {1 + round(i * (num_chunks - 1) / (MAX_REPORTS - 1)) for i in range(MAX_REPORTS)}
-
-
-def config_value(config: dict[str, Any], metric: str = "mean") -> float | None:
-    """A recorded configuration's score: the mean (or IQM) of its evaluation returns over its
-    seeds; None if it diverged or has no score."""
-    return config_score(config.get("scores"), config.get("diverged"), metric)
 
 
 def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:

@@ -32,13 +32,12 @@ def _hparam(value: Any) -> bool | str | float | int:
 PER_SEED = 10  # best configurations whose seeds get a curve each
 
 
-def write(root: Path, configs: pd.DataFrame, curves: pd.DataFrame, searched: list[str]) -> Path:
-    """Writes ``root/tensorboard/<config id>/`` for every configuration (the folder is rebuilt);
-    ``configs`` is ranked (best first)."""
+def write(out: Path, configs: pd.DataFrame, curves: pd.DataFrame, searched: list[str]) -> Path:
+    """Writes ``out/<config id>/`` (a study's ``tensorboard/``) for every configuration (the folder
+    is rebuilt); ``configs`` is ranked (best first)."""
     from tensorboardX import SummaryWriter
     from tensorboardX.summary import hparams as hparams_summaries
 
-    out = root / "tensorboard"
     shutil.rmtree(out, ignore_errors=True)
     finite = curves[np.isfinite(curves.episode_return.to_numpy(float))] if len(curves) else curves
     means = {cid: (g.env_steps.to_numpy(), g.episode_return.to_numpy(float)) for cid, g in

@@ -17,10 +17,10 @@ from typing import Any
 
 from ray import tune
 
+from harness.folder import KERNEL_FILE  # a mid-run checkpoint: the trial's whole kernel (TrialRunner.snapshot)
 from harness.records import write_bytes
 
 _SETUP_DONE = False
-KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint: the trial's whole kernel (TrialRunner.snapshot)
 CHECKPOINT_SECONDS = 60.0  # default interval between mid-run checkpoints
 _CORE_LOCKS: list[Any] = []  # held for the process's lifetime
 

@@ -26,7 +26,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from harness.records import load_trials
+from harness.folder import ResultsFolder
 from tests.conftest import _ray_processes, listening, stop_ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,7 +152,7 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
                 if prev in ("inet", "inet6")]
         assert all(n.ip.is_loopback or n.ip in SUBNET or n.ip.is_link_local for n in nets), (ns, nets)
 
-    records = load_trials(out / "cartpole_ppo")
+    records = ResultsFolder(out / "cartpole_ppo").trials()
     assert sorted(r["trial"] for r in records) == [0, 1, 2] and {r["status"] for r in records} == {"complete"}
     by_id = {r["tune_trial_id"]: r for r in records}
     resumed = by_id[moved.name.removeprefix("trial_")]

@@ -158,20 +158,19 @@ def test_study__baseline_names_searched_settings_and_must_build():
         _validate(bad)
 
 
-def test_control__algorithm_defaults_unless_the_study_states_a_baseline():
+def test_control__algorithm_defaults_unless_the_study_states_a_baseline(tmp_path):
     import studies
-    from harness.study import Runner, _parser
+    from tests.driver import settings_for
 
-    argv = ["cartpole_ppo", "--smoke", "--out", "/tmp/unused"]
-    runner = Runner(_parser().parse_args(argv), argv)
-    runner.budget = Budget(1, 1, 1, 20480)
-    params, static, hparams = runner.control()
+    settings = settings_for(studies.get("cartpole_ppo"), tmp_path)
+    params, static, hparams = settings.control(20480)
     assert params == {"lr": 2.5e-4, "gamma": 0.99, "gae_lambda": 0.95, "clip_eps": 0.2, "ent_coef": 0.01,
                       "vf_coef": 0.5, "num_minibatches": 4}
     assert static["num_minibatches"] == 4 and static["total_timesteps"] == 20480 and "lr" not in static
     assert hparams["lr"] == 2.5e-4 and "num_minibatches" not in hparams
-    runner.study = dataclasses.replace(studies.get("cartpole_ppo"), baseline={"lr": 1e-3, "num_minibatches": 8})
-    params, static, hparams = runner.control()
+    settings = dataclasses.replace(settings, study=dataclasses.replace(
+        studies.get("cartpole_ppo"), baseline={"lr": 1e-3, "num_minibatches": 8}))
+    params, static, hparams = settings.control(20480)
     assert params["lr"] == 1e-3 and static["num_minibatches"] == 8 and hparams["gamma"] == 0.99
 
 
@@ -180,12 +179,13 @@ def test_control__algorithm_defaults_unless_the_study_states_a_baseline():
 def test_searcher__every_configuration_reports_its_objective_curve_to_optuna(tmp_path):
     import studies
     from harness.search import BatchedOptunaSearcher, open_study
+    from tests.driver import plan_maker
 
     study = studies.get("cartpole_ppo")
     ostudy = open_study(study, f"sqlite:///{tmp_path / 'o.db'}", seed=0)
     s = BatchedOptunaSearcher(study, ostudy, static_names=["num_minibatches"], configs_per_trial=2,
-                              plan_defaults=dict(env="CartPole-v1", algo="ppo", seeds=2),
-                              timesteps=2048, extra={}, on_complete=lambda r: None, is_pruned=lambda t: t == "b")
+                              make_plan=plan_maker(study, tmp_path, seeds=2, timesteps=2048),
+                              extra={}, on_complete=lambda r: None, is_pruned=lambda t: t == "b")
     cfg = s.suggest("a")
     assert cfg["plan"]["objective"] == "auc" and cfg["plan"]["curve_episodes"] == study.curve_episodes
     for k, steps in ((1, 1024), (2, 2048)):
@@ -214,14 +214,15 @@ def test_searcher__a_long_trial_reports_50_evenly_spaced_chunks_the_last_include
 
     import studies
     from harness.search import MAX_REPORTS, BatchedOptunaSearcher, open_study, reported_chunks
+    from tests.driver import plan_maker
 
     assert reported_chunks(7) == set(range(1, 8)) and reported_chunks(1) == {1}
     assert len(reported_chunks(200)) == MAX_REPORTS and {1, 200} <= reported_chunks(200)
     study = studies.get("cartpole_ppo")
     ostudy = open_study(study, f"sqlite:///{tmp_path / 'o.db'}", seed=0)
     s = BatchedOptunaSearcher(study, ostudy, static_names=["num_minibatches"], configs_per_trial=1,
-                              plan_defaults=dict(env="CartPole-v1", algo="ppo", seeds=1),
-                              timesteps=200 * 64, extra={}, on_complete=lambda r: None, is_pruned=lambda t: True)
+                              make_plan=plan_maker(study, tmp_path, seeds=1, timesteps=200 * 64),
+                              extra={}, on_complete=lambda r: None, is_pruned=lambda t: True)
     s.suggest("a")
 
     def row(k):
@@ -303,7 +304,7 @@ def test_report__tuned_vs_default_pairs_the_seeds(tmp_path):
 
 
 def test_summary__tuned_vs_default_line_says_whether_tuning_helped():
-    from harness.study import tuned_vs_default_line
+    from harness.summary import tuned_vs_default_line
 
     t = {"tuned": {"mean": 480.0, "ci95": [470.0, 490.0]}, "default": {"mean": 300.0, "ci95": [250.0, 350.0]},
          "difference": {"mean": 180.0, "ci95": [120.0, 230.0], "paired_seeds": 6}, "better": True}

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from harness import report
-from harness.records import load_trials
+from harness.folder import ResultsFolder
 from tests.conftest import _ray_processes, listening, stop_ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ def test_cluster__a_local_ray_that_never_starts_is_one_line_not_a_traceback(monk
 def test_asha__one_rung_in_the_middle_of_a_trial(chunks):
     from ray.tune.schedulers import ASHAScheduler
 
-    from harness.study import halfway_rung
+    from harness.search_phase import halfway_rung
 
     asha = ASHAScheduler(time_attr="training_iteration", metric="score", mode="max", max_t=chunks,
                          grace_period=halfway_rung(chunks), reduction_factor=2)
@@ -172,13 +172,14 @@ def test_asha__one_rung_in_the_middle_of_a_trial(chunks):
 def test_searcher__diverged_config_fails_in_optuna_while_sibling_completes(tmp_path):
     import studies
     from harness.search import BatchedOptunaSearcher, open_study
+    from tests.driver import plan_maker
 
     study = studies.get("cartpole_ppo")
     ostudy = open_study(study, f"sqlite:///{tmp_path / 'o.db'}", seed=0)
     records = []
     s = BatchedOptunaSearcher(study, ostudy, static_names=["num_minibatches"], configs_per_trial=3,
-                              plan_defaults=dict(env="CartPole-v1", algo="ppo", seeds=2),
-                              timesteps=2048, extra={}, on_complete=records.append, is_pruned=lambda t: False)
+                              make_plan=plan_maker(study, tmp_path, seeds=2, timesteps=2048),
+                              extra={}, on_complete=records.append, is_pruned=lambda t: False)
     cfg = s.suggest("a")
     assert len({h["lr"] for h in cfg["plan"]["hparams"]}) == 3  # three proposals ...
     assert len({t.params["num_minibatches"] for t in ostudy.trials}) == 1  # ... sharing the static choice
@@ -324,7 +325,7 @@ def test_study__population_based_training_end_to_end(tmp_path, ray_env):
                "--timesteps", "30720", "--out", str(tmp_path), env=ray_env)
     assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "cartpole_ppo"
-    (record,) = load_trials(root)
+    (record,) = ResultsFolder(root).trials()
     events = [c["pbt"] for c in record["curves"] if c.get("pbt")]
     assert [e["chunk"] for e in events] == [4] and sum(s != i for i, s in enumerate(events[0]["source"])) == 1
     pbt = pd.read_csv(root / "reports" / "pbt.csv")
@@ -388,7 +389,7 @@ def _interrupt_then_resume(tmp_path, env, sig):
     assert f"resuming: {len(kept)} trials recorded" in r.stdout
     if sig == signal.SIGKILL:  # ... which the next run stops (the fixture checks that none is left)
         assert "Ray processes a killed run of this study left behind" in r.stdout, r.stdout
-    records = load_trials(root)
+    records = ResultsFolder(root).trials()
     assert len(records) == 3
     assert all((root / "trials" / name).read_text() == text for name, text in kept.items())  # not re-run
     resumed = [rec for rec in records if rec["trial"] in flying and f"{rec['trial']:04d}.json" not in kept]
@@ -428,7 +429,7 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
     env = {**ray_env, "RL_HARNESS_CRASH": f"1:1:{tmp_path}", "RL_HARNESS_CRASH_CHUNK": "2"}
     r = _study("cartpole_ppo", *TINY, "--trials", "2", *every, "--out", str(tmp_path / "a"), env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    crashed = load_trials(tmp_path / "a" / "cartpole_ppo")
+    crashed = ResultsFolder(tmp_path / "a" / "cartpole_ppo").trials()
     assert [rec["status"] for rec in crashed] == ["complete", "complete"]
     assert (tmp_path / "crash-1-0").exists()
     assert crashed[1]["resumed_after_chunk"] == 1 and crashed[0]["resumed_after_chunk"] == 0
@@ -438,7 +439,7 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
     env = {**ray_env, "RL_HARNESS_CRASH": f"0:99:{tmp_path}", "RL_HARNESS_CRASH_CHUNK": "2"}
     r = _study("cartpole_ppo", *TINY, "--trials", "2", *every, "--out", str(tmp_path / "b"), env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    records = load_trials(tmp_path / "b" / "cartpole_ppo")
+    records = ResultsFolder(tmp_path / "b" / "cartpole_ppo").trials()
     assert [rec["status"] for rec in records] == ["failed", "complete"]
     assert len(list(tmp_path.glob("crash-0-*"))) == 3  # first attempt + 2 retries
     ostudy = optuna.load_study(study_name="cartpole_ppo",
@@ -504,7 +505,7 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
         r = _study(*args, env=ray_env)
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"resuming: {len(kept)} trials recorded" in r.stdout
-        records = load_trials(root)  # (a proposal refused its inflight/ file when the disk failed never ran:
+        records = ResultsFolder(root).trials()  # (a proposal refused its inflight/ file when the disk failed never ran:
         assert len({rec["trial"] for rec in records}) == len(records) == 4  # its trial number is skipped)
         assert {rec["status"] for rec in records} == {"complete"}
         assert {k: v for k, v in recorded().items() if k in kept} == kept
@@ -559,7 +560,7 @@ def test_study__runs_on_an_existing_ray_cluster_whose_node_has_only_the_dependen
         r = _study(str(tmp_path / "side_study.py"), "--smoke", "--trials", "1", "--out", str(tmp_path / "out"),
                    "--address", f"127.0.0.1:{port}", env={**ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
         assert r.returncode == 0, r.stdout + r.stderr
-        assert [rec["status"] for rec in load_trials(tmp_path / "out" / "side-smoke")] == ["complete"]
+        assert [rec["status"] for rec in ResultsFolder(tmp_path / "out" / "side-smoke").trials()] == ["complete"]
         best = json.loads((tmp_path / "out" / "side-smoke" / "reports" / "best.json").read_text())
         assert best["reevaluation"]["mean"] > 0.9  # 3 steps to the exit: 0.98 at best
     finally:  # by PID, this test's processes only: `ray stop` would stop every Ray on the machine

@@ -1,0 +1,202 @@
+"""The final phase: the top-k configurations and the default one (the control) re-trained on fresh seeds.
+
+    final = final_phase.run(settings, folder, placement, guard)
+
+Round r of every re-training kernel uses the same keys, so each configuration and the control
+train and evaluate on the same seeds (common random numbers) and their differences are paired.
+It runs once per set of recorded trials (``final.json`` names them); the re-trained policies of
+the top configurations are kept for ``harness.play``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import lineage
+from harness.cluster import Placement
+from harness.folder import ResultsFolder
+from harness.guard import DiskGuard
+from harness.kernel import FINAL, TrialPlan
+from harness.records import config_id, write_json
+from harness.settings import Settings
+from harness.space import Budget, label
+
+CONTROL = "default"  # the control's id in final.json and the reports
+RunPlans = Callable[[list[TrialPlan]], list[dict[str, Any] | None]]  # each plan's last result (None: failed)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration to re-train: its searched values, static config, initial hyperparameters,
+    and (a PBT configuration) the schedule of its lineage and the configurations it came from."""
+
+    params: dict[str, Any]
+    static: dict[str, Any]
+    hparams: dict[str, float]
+    schedule: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    lineage: list[str] | None = None
+
+
+def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
+        run_plans: RunPlans | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """Re-trains the top configurations and the control; returns what it wrote to final.json
+    (None when the study keeps no top-k, nothing finished, or final.json is already up to date).
+
+    ``run_plans`` runs the kernels (default: a grid of Tune trials, :func:`tune_plans`).
+    """
+    from harness import report
+
+    budget = settings.budget(placement.kind)
+    if settings.study.top_k < 1:
+        return None
+    records = folder.trials()
+    numbers = sorted(r["trial"] for r in records)
+    old = folder.final()
+    if old and old.get("trials") == numbers:
+        return None
+    configs, _, _ = report.tables(folder)
+    top = configs[configs["rank"].notna()].head(settings.study.top_k) if len(configs) else configs
+    if not len(top):
+        say("no configuration finished without diverging; nothing to re-evaluate")
+        return None
+    candidates = {cid: candidate(records, cid) for cid in top["config_id"]}
+    params, static, hparams = settings.control(budget.timesteps)
+    candidates[CONTROL] = Candidate(params, static, hparams)
+    rounds = -(-settings.study.final_seeds // budget.seeds)
+    plans, members = final_plans(settings, budget, candidates, records, rounds)
+    widths = ", ".join(sorted({str(len(p.hparams)) for p in plans}))
+    say(f"re-training the top {len(top)} configurations and the default one on {rounds * budget.seeds} fresh "
+        f"seeds ({len(plans)} kernels, {widths} configs x {budget.seeds} seeds) ...")
+    run_plans = run_plans or (lambda p: tune_plans(settings, folder, placement, guard, p))
+    results = run_plans(plans)
+    runs: dict[str, list] = {cid: [] for cid in candidates}
+    for plan, batch, res in zip(plans, members, results, strict=True):
+        for i, cid in enumerate(batch):
+            runs[cid].append((plan, i, res))
+    out = {}
+    for cid, parts in runs.items():
+        c = candidates[cid]
+        failed = any(res is None for _, _, res in parts)
+
+        def joined(key: str, parts: list = parts, failed: bool = failed) -> list | None:
+            return None if failed else [v for _, i, res in parts for v in res[key][i]]
+        out[cid] = {"config_id": cid, "params": c.params, "hparams": c.hparams, "static": c.static,
+                    "failed": failed, "scores": joined("scores"), "final_returns": joined("final_returns"),
+                    "diverged": joined("diverged"),
+                    "plans": [{"plan": dataclasses.asdict(plan), "config_index": i} for plan, i, _ in parts],
+                    "command": train_command(settings, folder, c, rounds * budget.seeds, cid)}
+        if c.schedule:
+            out[cid].update(schedule=c.schedule, lineage=c.lineage)
+        if not failed and cid != CONTROL:
+            keep_policies(settings, folder, cid, c, parts)
+    control = out.pop(CONTROL)
+    final = {"trials": numbers, "configs": list(out.values()), "control": control,
+             "objective": settings.study.objective}
+    folder.write_final(final)
+    return final
+
+
+def candidate(records: list[dict[str, Any]], cid: str) -> Candidate:
+    """A recorded configuration as a candidate: a PBT configuration replays its lineage's schedule."""
+    rec, conf = next((r, c) for r in records for c in r["configs"] if config_id(r["trial"], c["index"]) == cid)
+    if not rec.get("pbt"):
+        return Candidate(conf["params"], rec["static"], conf["hparams"])
+    initial, schedule, chain = lineage.schedule(rec, conf["index"])
+    return Candidate(conf["params"], rec["static"], initial, schedule,
+                     [config_id(rec["trial"], i) for i in chain])
+
+
+def final_plans(settings: Settings, budget: Budget, candidates: dict[str, Candidate],
+                records: list[dict[str, Any]], rounds: int) -> tuple[list[TrialPlan], list[list[str]]]:
+    """The re-training kernels and the candidates each holds (in order; a short batch padded with
+    its first). Candidates sharing a static config share kernels, ``rounds`` rounds of S fresh
+    seeds each; as wide as the search (its kernels are compiled) or as narrow as the group,
+    whichever costs less (:func:`harness.placement.final_width`, from the search's own timings)."""
+    from harness.placement import final_width
+
+    groups: dict[str, list[str]] = {}
+    for cid, c in candidates.items():
+        groups.setdefault(json.dumps(c.static, sort_keys=True), []).append(cid)
+    plans, members = [], []
+    for ids in groups.values():
+        static = candidates[ids[0]].static
+        timed = [r for r in records if r["static"] == static and r["status"] == "complete"
+                 and "kernel_seconds" in r and "compile_seconds" in r]
+        width = final_width(len(ids), budget.configs_per_trial, rounds=rounds,
+                            kernel_s=statistics.median(r["kernel_seconds"] for r in timed) if timed else None,
+                            compile_s=max(r["compile_seconds"] for r in timed) if timed else None)
+        for start in range(0, len(ids), width):
+            batch = ids[start:start + width]
+            padded = batch + [batch[0]] * (width - len(batch))
+            hps = [candidates[i].hparams for i in padded]
+            schedule = lineage.merge([candidates[i].schedule for i in padded], hps) or None
+            for r in range(rounds):
+                plans.append(settings.plan(static, hps, seeds=budget.seeds, trial=r, stream=FINAL,
+                                           schedule=schedule))
+                members.append(batch)
+    return plans, members
+
+
+def tune_plans(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard,
+               plans: list[TrialPlan]) -> list[dict[str, Any] | None]:
+    """Runs each plan as a Tune trial; the last result of each (None where it failed), with the
+    folder of its final checkpoint (the trained policies)."""
+    from ray import tune
+
+    from harness import tuning
+
+    grid = tuning.run(settings, folder, placement, guard, kind="final",
+                      param_space={"plan": tune.grid_search([dataclasses.asdict(p) for p in plans]),
+                                   "device": placement.device, "study": settings.study.name})
+    folder.drop_kernel_checkpoints(run="final-*")  # once re-trained, no retry needs them
+    done = {}
+    for r in grid:  # type: ignore[attr-defined]  # ResultGrid is iterable (it has __getitem__ and __len__)
+        if r.error is None and r.metrics.get("final"):
+            done[json.dumps(r.config["plan"], sort_keys=True)] = {
+                **r.metrics, "checkpoint": r.checkpoint.path if r.checkpoint else ""}
+    return [done.get(json.dumps(dataclasses.asdict(p), sort_keys=True)) for p in plans]
+
+
+def keep_policies(settings: Settings, folder: ResultsFolder, cid: str, c: Candidate, parts: list) -> None:
+    """Keeps the re-trained policies of ``cid`` (seed_K.msgpack) with ``policy.json``: everything
+    needed to rebuild the policy, and each seed's evaluation. Keeps none rather than half when
+    a checkpoint did not come back (e.g. a retried trial)."""
+    files: list[Path] = []
+    seeds: list[dict[str, Any]] = []
+    for plan, i, res in parts:
+        for s in range(plan.seeds):
+            src = Path(res.get("checkpoint") or "") / f"c{i}_s{s}.msgpack"
+            if not res.get("checkpoint") or not src.exists():
+                return
+            # "score": the deterministic evaluation at save time (harness.play repeats it); the
+            # objective's value is "objective_value"
+            seeds.append({"seed": len(files), "score": res["final_returns"][i][s],
+                          "objective_value": res["scores"][i][s], "diverged": res["diverged"][i][s],
+                          "plan": dataclasses.asdict(plan), "config_index": i, "seed_index": s})
+            files.append(src)
+    study = settings.study
+    folder.keep_policies(cid, files, {"config_id": cid, "study": study.name, "env": study.env, "algo": study.algo,
+                                      "config": c.static, "hparams": c.hparams, "seeds": seeds})
+
+
+def train_command(settings: Settings, folder: ResultsFolder, c: Candidate, seeds: int, cid: str) -> str:
+    """The ``harness.train`` command that trains this configuration (a schedule is written to
+    ``schedules/<cid>.json`` and replayed with ``--schedule``)."""
+    sets = [f"{k}={label(tuple(v) if isinstance(v, list) else v)}" for k, v in c.static.items()
+            if k != "total_timesteps"] + [f"{k}={v:.6g}" for k, v in c.hparams.items()]
+    args = ["python", "-m", "harness.train", "--algo", settings.study.algo, "--env", settings.study.env,
+            "--seeds", str(seeds), "--timesteps", str(c.static["total_timesteps"])]
+    for s in sets:
+        args += ["--set", s]
+    if c.schedule:
+        path = folder.schedule_file(cid)
+        write_json(path, c.schedule)
+        args += ["--schedule", str(path)]
+    return shlex.join(args)

@@ -1,0 +1,294 @@
+"""A study's results folder: the one place that knows its layout (Ray Train's ``StorageContext``).
+
+    NAME/study.json          StudyMeta: what the study is and the options it was started with
+    NAME/trials/NNNN.json    one record per finished Tune trial (C configurations)
+    NAME/inflight/NNNN.json  a trial proposed and not yet recorded: what a resumed study needs to
+                             go on with it (plan, points, Optuna trial numbers, Tune trial ids)
+    NAME/final.json          the re-training of the best configurations and the control
+    NAME/optuna.db           the Optuna study (SQLite), unless --storage says otherwise
+    NAME/tune/run-K/         Ray Tune's experiment folder of the K-th search run (mid-run kernel
+    NAME/tune/final-K/       checkpoints of trials not yet recorded), and of the K-th re-training
+    NAME/checkpoints/CID/    the re-trained policies of a top configuration (seed_K.msgpack,
+                             policy.json), for harness.play
+    NAME/schedules/CID.json  a PBT configuration's hyperparameter schedule (harness.train --schedule)
+    NAME/ray-session.json    the driver and session folder of the embedded Ray
+    NAME/reports/            CSV reports, best.json, plots and index.html, rebuilt from the above
+    NAME/tensorboard/        one TensorBoard run per configuration
+
+Nothing else in the harness joins a path inside a results folder. Nothing here imports Ray,
+Optuna or JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from harness.records import RecordsError, read_json, write_json
+
+KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint inside a Tune trial's checkpoint folder
+_TRIAL_FIELDS = {"trial": int, "status": str, "seeds": int, "configs": list}
+
+
+@dataclass(frozen=True)
+class StudyMeta:
+    """``study.json``: what a study is and how it was started. Defaults (for folders written by
+    older versions) are here and nowhere else."""
+
+    study: str
+    env: str = ""
+    algo: str = ""
+    direction: str = "maximize"
+    metric: str = "mean"
+    objective: str = "final"
+    threshold: float | None = None
+    scheduler: str = "asha"
+    seed: int = 0
+    budget: dict[str, int] = field(default_factory=dict)  # Budget as a dict
+    smoke: bool = False
+    created: str = ""
+    space: dict[str, str] = field(default_factory=dict)  # searched name -> "log", "uniform", "int", "categorical"
+    eval_policy: str = "greedy"
+    reference: dict[str, Any] | None = None  # {"label", "return"}
+
+    @property
+    def maximize(self) -> bool:
+        return self.direction == "maximize"
+
+    @classmethod
+    def from_dict(cls, data: Any, where: Path) -> StudyMeta:
+        if not isinstance(data, dict) or not isinstance(data.get("study"), str):
+            raise RecordsError(f"{where} is not a study's study.json (no study name)")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A trial proposed and not yet recorded (``inflight/NNNN.json``)."""
+
+    trial: int
+    plan: dict[str, Any]
+    points: list[dict[str, Any]]
+    optuna_numbers: list[int]
+    tune_trial_ids: list[str]
+    resume_from: tuple[str, ...] = ()  # its kernel checkpoints, newest first (set when adopted)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "resume_from"}
+
+
+class Unreadable(NamedTuple):
+    """A file of the folder that cannot be read as what it should be."""
+
+    path: Path
+    error: str
+
+
+class ResultsFolder:
+    """The results folder of one study (:mod:`harness.folder`'s layout)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"ResultsFolder({str(self.root)!r})"
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    # -- paths -----------------------------------------------------------------------------------
+    @property
+    def study_file(self) -> Path:
+        return self.root / "study.json"
+
+    @property
+    def final_file(self) -> Path:
+        return self.root / "final.json"
+
+    @property
+    def session_file(self) -> Path:
+        return self.root / "ray-session.json"
+
+    @property
+    def tune_dir(self) -> Path:
+        return self.root / "tune"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.root / "tensorboard"
+
+    def optuna_url(self) -> str:
+        return f"sqlite:///{self.root / 'optuna.db'}"
+
+    def trial_file(self, trial: int) -> Path:
+        return self.root / "trials" / f"{trial:04d}.json"
+
+    def inflight_file(self, trial: int) -> Path:
+        return self.root / "inflight" / f"{trial:04d}.json"
+
+    def report(self, name: str) -> Path:
+        return self.reports_dir / name
+
+    def policy_dir(self, config_id: str) -> Path:
+        return self.root / "checkpoints" / config_id
+
+    def schedule_file(self, config_id: str) -> Path:
+        return self.root / "schedules" / f"{config_id}.json"
+
+    @staticmethod
+    def tune_trial_dirname(trial_id: str) -> str:
+        """The folder Tune makes for a trial (``trial_dirname_creator``)."""
+        return f"trial_{trial_id}"
+
+    # -- the study -------------------------------------------------------------------------------
+    def is_study(self) -> bool:
+        return self.study_file.exists()
+
+    def meta(self) -> StudyMeta:
+        """study.json as :class:`StudyMeta`.
+
+        Raises:
+            RecordsError: no such folder, or no (valid) study.json in it.
+        """
+        if not self.root.is_dir():
+            raise RecordsError(f"no results folder at {self.root}")
+        if not self.study_file.exists():
+            raise RecordsError(f"{self.root} is not a study's results folder (no study.json)")
+        return StudyMeta.from_dict(read_json(self.study_file), self.study_file)
+
+    def write_meta(self, meta: StudyMeta) -> None:
+        write_json(self.study_file, meta.to_dict())
+
+    def set_aside(self) -> Path:
+        """Renames the folder to ``NAME.old-STAMP`` (``--fresh``); returns where it went."""
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        aside = self.root.with_name(f"{self.root.name}.old-{stamp}")
+        self.root.rename(aside)
+        return aside
+
+    # -- trial records ---------------------------------------------------------------------------
+    def read_trials(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The readable trial records by trial number, and one line for each file that is not one
+        (truncated, corrupt, or missing a field), naming it."""
+        records, problems = [], []
+        for path in sorted((self.root / "trials").glob("*.json")):
+            try:
+                rec = read_json(path)
+                missing = [k for k, t in _TRIAL_FIELDS.items() if not isinstance(rec, dict) or
+                           not isinstance(rec.get(k), t)]
+                if missing:
+                    raise RecordsError(f"{path} is not a trial record (no valid {', '.join(missing)})")
+            except (RecordsError, OSError) as err:
+                problems.append(str(err))
+                continue
+            records.append(rec)
+        return sorted(records, key=lambda r: r["trial"]), problems
+
+    def trials(self) -> list[dict[str, Any]]:
+        """Every readable trial record, by trial number. A file that cannot be read is left out
+        and named on stderr (once per process and version of the file); the reports list it in
+        ``reports/problems.txt``."""
+        records, problems = self.read_trials()
+        for line in problems:
+            path = line.split(" ", 1)[0]
+            key = (path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
+            if key not in _warned:
+                _warned.add(key)
+                print(f"warning: {line}; left out", file=sys.stderr)
+        return records
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Writes a finished trial's record; it is no longer in flight, and no retry needs its
+        mid-run kernel checkpoints (they can be large: SAC's replay buffers)."""
+        write_json(self.trial_file(record["trial"]), record)
+        self.inflight_file(record["trial"]).unlink(missing_ok=True)
+        self.drop_kernel_checkpoints(record.get("tune_trial_id"))
+
+    def final(self) -> dict[str, Any] | None:
+        return read_json(self.final_file) if self.final_file.exists() else None
+
+    def write_final(self, final: dict[str, Any]) -> None:
+        write_json(self.final_file, final)
+
+    # -- trials in flight ------------------------------------------------------------------------
+    def note_inflight(self, entry: InFlight) -> None:
+        write_json(self.inflight_file(entry.trial), entry.to_dict())
+
+    def inflight(self) -> list[InFlight | Unreadable]:
+        """Every in-flight entry by trial number (a file that cannot be read as :class:`Unreadable`),
+        each with ``resume_from``: its Tune trials' kernel checkpoints, newest first."""
+        out: list[InFlight | Unreadable] = []
+        for path in sorted((self.root / "inflight").glob("*.json")):
+            try:
+                data = read_json(path)
+                entry = InFlight(**{k: v for k, v in data.items() if k != "resume_from"})
+            except RecordsError as err:
+                out.append(Unreadable(path, str(err)))
+                continue
+            except (TypeError, AttributeError) as err:
+                out.append(Unreadable(path, f"{path} is not an in-flight entry ({err})"))
+                continue
+            found = [p for tid in entry.tune_trial_ids for p in self.tune_dir.glob(
+                f"*/{self.tune_trial_dirname(tid)}/checkpoint_*/{KERNEL_FILE}")]
+            newest = sorted(found, key=lambda p: (p.stat().st_mtime, p.parent.name), reverse=True)
+            out.append(dataclasses.replace(entry, resume_from=tuple(str(p) for p in newest)))
+        return out
+
+    def drop_inflight(self, entry: InFlight | Unreadable) -> None:
+        """Forgets an in-flight entry."""
+        path = entry.path if isinstance(entry, Unreadable) else self.inflight_file(entry.trial)
+        path.unlink(missing_ok=True)
+
+    # -- Ray Tune's folders ----------------------------------------------------------------------
+    def next_run(self, kind: str) -> str:
+        """The name of the next Tune experiment of ``kind`` (``run``: a search, ``final``: a
+        re-training): one more than the highest so far, so no run reuses another's folder."""
+        taken = [int(m[1]) for p in self.tune_dir.glob(f"{kind}-*")
+                 if (m := re.fullmatch(rf"{kind}-(\d+)", p.name))]
+        return f"{kind}-{max(taken, default=-1) + 1}"
+
+    def drop_kernel_checkpoints(self, tune_trial_id: str | None = None, run: str = "*") -> None:
+        """Deletes the mid-run kernel checkpoints of one Tune trial (or of every trial of ``run``)."""
+        trials = self.tune_trial_dirname(tune_trial_id) if tune_trial_id else "trial_*"
+        for path in self.tune_dir.glob(f"{run}/{trials}/checkpoint_*/{KERNEL_FILE}"):
+            path.unlink(missing_ok=True)
+
+    # -- kept policies ---------------------------------------------------------------------------
+    def kept_policies(self) -> list[str]:
+        """The configuration ids with kept re-trained policies (``checkpoints/CID/policy.json``)."""
+        folder = self.root / "checkpoints"
+        return sorted(p.name for p in folder.iterdir() if (p / "policy.json").exists()) if folder.is_dir() else []
+
+    def keep_policies(self, config_id: str, files: list[Path], policy: dict[str, Any]) -> None:
+        """``checkpoints/CID/seed_K.msgpack`` (copies of ``files``, in seed order) and ``policy.json``."""
+        folder = self.policy_dir(config_id)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for k, src in enumerate(files):
+            shutil.copyfile(src, folder / f"seed_{k}.msgpack")
+        write_json(folder / "policy.json", policy)
+
+    def policy_file(self, config_id: str, seed: int) -> Path:
+        return self.policy_dir(config_id) / f"seed_{seed}.msgpack"
+
+
+_warned: set[tuple[str, float]] = set()
+
+
+def as_folder(where: ResultsFolder | Path | str) -> ResultsFolder:
+    return where if isinstance(where, ResultsFolder) else ResultsFolder(where)

@@ -1,0 +1,91 @@
+"""What a running study prints: a line per recorded trial, and throughput every 15 s.
+
+:class:`Progress` is plain state (trials done, the study's best so far, env steps of running
+trials) with the lines it makes; :mod:`harness.tuning` feeds it from Tune's callbacks and the
+search phase from the records. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.records import config_id
+from harness.space import label
+from harness.stats import config_value
+
+THROUGHPUT_EVERY = 15.0  # seconds between throughput lines
+
+
+def fmt_params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={label(v)}" for k, v in params.items())
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+class Progress:
+    """Trials done out of ``total``, the best configuration so far, and env steps per second.
+
+    Args:
+        total: the study's trials.
+        metric: ``mean`` or ``iqm`` over seeds.
+        maximize: the study's direction.
+        records: trial records already on disk (a resumed study).
+        say: where lines go (stdout by default).
+    """
+
+    def __init__(self, total: int, *, metric: str, maximize: bool, records: list[dict[str, Any]] | None = None,
+                 say: Callable[[str], None] = _say) -> None:
+        self.total, self.metric, self.maximize, self.say = total, metric, maximize, say
+        self.best: tuple[float, str, dict[str, Any]] | None = None
+        self.done = 0
+        self.running: dict[str, int] = {}  # env steps of each running Tune trial (all its runs)
+        self.steps_done = 0  # env steps of the trials finished in this run
+        self.last_print, self.last_steps = time.monotonic(), 0
+        for rec in records or []:
+            self._note_best(rec)
+        self.done = len(records or [])
+
+    def _note_best(self, record: dict[str, Any]) -> None:
+        sign = 1 if self.maximize else -1
+        for c in record["configs"]:
+            v = config_value(c, self.metric) if record["status"] == "complete" else None
+            if v is not None and (self.best is None or sign * v > sign * self.best[0]):
+                self.best = (v, config_id(record["trial"], c["index"]), c["params"])
+
+    def recorded(self, record: dict[str, Any]) -> None:
+        """A trial's record was written: one line saying how it ended and the study's best."""
+        self.done += 1
+        self.steps_done += self.running.pop(record.get("tune_trial_id", ""), 0)
+        self._note_best(record)
+        values = [v for c in record["configs"] if (v := config_value(c, self.metric)) is not None]
+        pick = max if self.maximize else min
+        what = {"complete": f"best of its {len(record['configs'])} configs {pick(values):.1f}" if values
+                else "all configs diverged",
+                "pruned": "stopped early by ASHA",
+                "failed": "FAILED" + (f": {record['error']}" if record.get("error") else "")}[record["status"]]
+        best = (f" | study best {self.best[0]:.1f} ({self.best[1]}: {fmt_params(self.best[2])})"
+                if self.best else "")
+        self.say(f"[{self.done}/{self.total}] trial {record['trial']}: {what}{best}")
+
+    def result(self, tune_trial_id: str, env_steps: int, running: int) -> None:
+        """A running trial reported ``env_steps`` (all its runs together); every 15 s a line."""
+        self.running[tune_trial_id] = env_steps
+        now = time.monotonic()
+        if now - self.last_print < THROUGHPUT_EVERY:
+            return
+        steps = self.steps_done + sum(self.running.values())
+        rate = (steps - self.last_steps) / (now - self.last_print)
+        self.last_print, self.last_steps = now, steps
+        best = f", best {self.best[0]:.1f} ({self.best[1]})" if self.best else ""
+        self.say(f"  {self.done}/{self.total} trials done, {running} running{best}; "
+                 f"{steps:,} env steps, {rate:,.0f} steps/s")
+
+    def retrying(self, trial: int, error: str) -> None:
+        self.say(f"  trial {trial} failed ({error}); retrying from its last checkpoint")
+
+    def failed(self, trial: int, error: str) -> None:
+        self.say(f"  trial {trial}: {error}")

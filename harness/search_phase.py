@@ -1,0 +1,168 @@
+"""The search: Optuna proposes, Ray Tune runs the trials still missing, each ends in a record.
+
+    outcome = search_phase.run(settings, folder, placement, guard)
+
+A resumed study first makes Optuna agree with the records on disk (a driver killed between a
+record and Optuna's tell), then adopts the trials a killed driver left in flight: each goes on
+from its newest kernel checkpoint under its own trial number and Optuna trials.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.cluster import Placement
+from harness.folder import InFlight, ResultsFolder, Unreadable
+from harness.guard import DiskGuard
+from harness.progress import Progress
+from harness.settings import Settings
+from harness.space import Budget, StudyError
+
+REPORT_EVERY = 10.0  # seconds between rebuilds of the CSV reports while trials finish
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What the search left: trials recorded out of the budget's, and whether it was cut short."""
+
+    done: int
+    total: int
+
+    @property
+    def interrupted(self) -> bool:
+        return self.done < self.total
+
+
+def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
+        say: Callable[[str], None] = print) -> SearchOutcome:
+    """Runs the study's missing trials (all of them for a new study).
+
+    Raises:
+        StudyError: the Optuna storage cannot be opened, or the results disk refused a write.
+    """
+    from harness import tuning
+    from harness.search import BatchedOptunaSearcher, open_study, reconcile
+
+    budget = settings.budget(placement.kind)
+    records = folder.trials()
+    try:
+        ostudy = open_study(settings.study, settings.storage, sampler=settings.sampler)
+    except Exception as err:  # sqlalchemy/optuna raise many kinds for a bad URL
+        if guard.note(err):
+            raise guard.error() from None
+        raise StudyError(f"cannot open Optuna storage {settings.storage!r}: {str(err).splitlines()[0]}") from None
+    adopt = adoptable(folder, ostudy, records)[:max(0, budget.trials - len(records))]
+    stale = reconcile(ostudy, records, keep={n for e in adopt for n in e.optuna_numbers})
+    if records or stale or adopt:
+        say(resuming_line(len(records), stale, adopt))
+    progress = Progress(budget.trials, metric=settings.study.metric, maximize=settings.maximize, records=records)
+    remaining = budget.trials - len(records)
+    if remaining <= 0:
+        return SearchOutcome(progress.done, budget.trials)
+    scheduler = asha(settings, budget)
+    sink = RecordSink(folder, progress)
+    searcher = BatchedOptunaSearcher(
+        settings.study, ostudy, static_names=settings.static_names, configs_per_trial=budget.configs_per_trial,
+        make_plan=plan_factory(settings, budget), extra={"device": placement.device},
+        on_complete=sink, on_suggest=folder.note_inflight, adopt=adopt,
+        is_pruned=lambda tid: scheduler is not None and tid in scheduler.stopped)
+    # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
+    tuning.run(settings, folder, placement, guard, kind="run", searcher=searcher, scheduler=scheduler,
+               num_samples=remaining, callbacks=[tuning.ProgressCallback(progress)])
+    return SearchOutcome(progress.done, budget.trials)
+
+
+def plan_factory(settings: Settings, budget: Budget) -> Callable[[list[dict[str, Any]], int], Any]:
+    """A search trial's plan from its C points: their shared static choices, their own hyperparameters."""
+    pbt = settings.pbt()
+
+    def make(points: list[dict[str, Any]], trial: int) -> Any:
+        static = {n: points[0][n] for n in settings.static_names}
+        config = settings.static_config(static, budget.timesteps)
+        hparams = [settings.hparams(p) for p in points]
+        return settings.plan(config, hparams, seeds=budget.seeds, trial=trial, pbt=pbt)
+    return make
+
+
+def adoptable(folder: ResultsFolder, ostudy: Any, records: list[dict[str, Any]]) -> list[InFlight]:
+    """The trials a stopped driver left running (in flight without a record, their Optuna trials
+    still RUNNING), each with its kernel checkpoints; entries that finished after all, were told
+    meanwhile or cannot be read are dropped (an unreadable one named on stderr: it starts over)."""
+    import optuna
+
+    recorded = {r["trial"] for r in records}
+    running = {t.number for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    out = []
+    for entry in folder.inflight():
+        if isinstance(entry, Unreadable):
+            print(f"warning: {entry.error}; that trial starts over as a new one", file=sys.stderr)
+            folder.drop_inflight(entry)
+        elif entry.trial in recorded or not set(entry.optuna_numbers) <= running:
+            folder.drop_inflight(entry)
+        else:
+            out.append(entry)
+    return out
+
+
+def resuming_line(recorded: int, stale: int, adopt: list[InFlight]) -> str:
+    going_on = ", ".join(f"trial {e.trial} " + ("from its checkpoint" if e.resume_from else
+                                                "from the start (no checkpoint)") for e in adopt)
+    return (f"resuming: {recorded} trials recorded"
+            + (f", {stale} interrupted Optuna trials marked FAIL" if stale else "")
+            + (f"; in flight when stopped: {going_on}" if going_on else ""))
+
+
+class RecordSink:
+    """Where a finished trial's record goes: the folder, the progress line, and (every
+    ``REPORT_EVERY`` s; their cost grows with the trials) the small CSV reports."""
+
+    def __init__(self, folder: ResultsFolder, progress: Progress) -> None:
+        self.folder, self.progress = folder, progress
+        self.last_report = -math.inf
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        from harness import report
+
+        self.folder.record(record)
+        self.progress.recorded(record)
+        if time.monotonic() - self.last_report >= REPORT_EVERY:  # CSVs while it runs; all of it at the end
+            report.build(self.folder, plots=False)
+            self.last_report = time.monotonic()
+
+
+def halfway_rung(chunks: int) -> int:
+    """ASHA's grace period for a single rung in the middle of a ``chunks``-chunk trial. Tune's ASHA
+    puts a rung at every grace * 2**k below max_t, so the grace must exceed half of it:
+    ``chunks // 2`` also gave a rung at 2 * grace (chunk 24 of 25), where trials that had
+    nearly finished were stopped and went unranked."""
+    return chunks // 2 + 1
+
+
+def asha(settings: Settings, budget: Budget) -> Any:
+    """Tune's ASHA with one rung halfway through the longest trial (None: no ASHA, or trials
+    too short for a rung), remembering the trials it stopped (PRUNED in Optuna)."""
+    from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+    chunks = max(settings.chunks(budget))
+    if settings.scheduler != "asha" or chunks < 3:
+        return None
+
+    class RecordingASHA(ASHAScheduler):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.stopped: set[str] = set()
+
+        def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+            action = super().on_trial_result(tune_controller, trial, result)
+            if action == TrialScheduler.STOP:
+                self.stopped.add(trial.trial_id)
+            return action
+
+    mode = "max" if settings.maximize else "min"
+    return RecordingASHA(time_attr="training_iteration", metric="score", mode=mode, max_t=chunks,
+                         grace_period=halfway_rung(chunks), reduction_factor=2)

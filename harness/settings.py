@@ -1,0 +1,263 @@
+"""One invocation of a study, resolved once into a frozen value before anything runs.
+
+The CLI (:mod:`harness.study`) reads argv into :class:`Options`; :func:`resolve` checks them
+against the study, its algorithm, its env and a resumed folder's ``study.json``, and returns
+:class:`Settings`, which is all the phases ever see. Every rule about budgets, schedulers and
+checkpoint cadence is here, once; so is the one factory of ``TrialPlan`` and the one merge of a
+static config. Nothing here imports Ray or Optuna.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from harness.folder import ResultsFolder, StudyMeta
+from harness.kernel import SEARCH, TrialPlan
+from harness.space import PBT, Budget, Categorical, Int, LogUniform, Study, StudyError, static_points
+
+Kind = Literal["cpu", "gpu"]
+RESUME_FIXED = ("configs_per_trial", "seeds", "timesteps")  # budget values a resumed study keeps
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for on the command line (None: the study's or the default)."""
+
+    trials: int | None = None
+    configs_per_trial: int | None = None
+    seeds: int | None = None
+    timesteps: int | None = None
+    scheduler: str | None = None
+    checkpoint_every: str = "60s"
+    device_memory: str | None = None
+    sampler: str = "tpe"
+    storage: str | None = None
+    address: str | None = None
+    smoke: bool = False
+    fresh: bool = False
+
+    def given(self) -> dict[str, int | None]:
+        return {"trials": self.trials, "configs_per_trial": self.configs_per_trial, "seeds": self.seeds,
+                "timesteps": self.timesteps}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A study invocation, resolved: what every phase receives instead of argv."""
+
+    study: Study
+    algo: Any  # algos.AlgoSpec
+    budgets: dict[str, Budget]  # by device kind ("cpu", "gpu"), each validated
+    scheduler: Literal["asha", "pbt", "none"]
+    checkpoint: dict[str, float]  # checkpoint_seconds / checkpoint_chunks, for the trials' device settings
+    device_bytes: int | None  # --device-memory
+    sampler: str
+    storage: str  # the Optuna storage URL
+    address: str | None  # an existing Ray cluster; None: the embedded one
+    smoke: bool
+    resume_command: str  # the command that resumes this study (printed when it stops early)
+
+    @property
+    def config_fields(self) -> frozenset[str]:
+        return frozenset(f.name for f in dataclasses.fields(self.algo.config_cls))
+
+    @property
+    def static_names(self) -> list[str]:
+        return self.study.static_names(set(self.config_fields))
+
+    @property
+    def maximize(self) -> bool:
+        return self.study.direction == "maximize"
+
+    def budget(self, kind: str) -> Budget:
+        return self.budgets["gpu" if kind == "gpu" else "cpu"]
+
+    def pbt(self) -> dict[str, Any] | None:
+        """The plans' population-based training entry, or None without PBT."""
+        return self.study.pbt_plan(set(self.config_fields)) if self.scheduler == "pbt" else None
+
+    # -- the one merge and the one factory -------------------------------------------------------
+    def static_config(self, point: dict[str, Any], timesteps: int) -> dict[str, Any]:
+        """The static config of a trial: the study's, its static choices, its env steps per seed
+        (JSON-shaped: tuples as lists, as it is recorded)."""
+        return json.loads(json.dumps({**self.study.config, **point, "total_timesteps": timesteps}))
+
+    def hparams(self, point: dict[str, Any]) -> dict[str, float]:
+        """The traced hyperparameters of a configuration: the study's fixed ones and its searched ones."""
+        return {**self.study.hparams, **{k: float(v) for k, v in point.items() if k not in self.static_names}}
+
+    def plan(self, config: dict[str, Any], hparams: list[dict[str, float]], *, seeds: int, trial: int,
+             stream: int = SEARCH, pbt: dict[str, Any] | None = None,
+             schedule: list[dict[str, Any]] | None = None) -> TrialPlan:
+        """The plan of one kernel of this study: ``len(hparams)`` configurations x ``seeds`` seeds."""
+        s = self.study
+        return TrialPlan(env=s.env, algo=s.algo, config=config, hparams=hparams, seeds=seeds, trial=trial,
+                         study_seed=s.seed, stream=stream, objective=s.objective, threshold=s.threshold,
+                         curve_episodes=s.curve_episodes, pbt=pbt, schedule=schedule)
+
+    def chunks(self, budget: Budget) -> list[int]:
+        """Chunks each static configuration of the study trains for at ``budget``."""
+        return [self.algo.config_cls(**self.static_config(p, budget.timesteps)).num_chunks
+                for p in static_points(self.study, set(self.config_fields))]
+
+    def control(self, timesteps: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+        """The default configuration (the control): its values for the searched names (the
+        study's ``baseline``, else the algorithm's defaults), static config and hyperparameters."""
+        statics = set(self.static_names)
+        config_defaults = {f.name: f.default for f in dataclasses.fields(self.algo.config_cls)}
+        hp_defaults = self.algo.hparams_cls.default()
+        params: dict[str, Any] = {}
+        for name in self.study.space:
+            if name in self.study.baseline:
+                params[name] = self.study.baseline[name]
+            elif name in statics:
+                params[name] = self.study.config.get(name, config_defaults[name])
+            else:
+                params[name] = self.study.hparams.get(name, float(f"{float(getattr(hp_defaults, name)):.7g}"))
+        static = self.static_config({n: params[n] for n in statics}, timesteps)
+        return params, static, self.hparams(params)
+
+    def meta(self, budget: Budget, stored: StudyMeta | None, created: str) -> StudyMeta:
+        """study.json for this invocation (a resumed study keeps when and how it was started)."""
+        s = self.study
+        base = stored or StudyMeta(study=s.name, env=s.env, algo=s.algo, direction=s.direction or "maximize",
+                                   metric=s.metric, objective=s.objective, threshold=s.threshold,
+                                   scheduler=self.scheduler, seed=s.seed, smoke=self.smoke, created=created)
+        return dataclasses.replace(
+            base, budget=dataclasses.asdict(budget), space={n: _kind(d) for n, d in s.space.items()},
+            eval_policy=s.config.get("eval_policy", "greedy"),
+            reference=None if s.reference is None else {"label": s.reference_label, "return": s.reference})
+
+
+def prepare_folder(folder: ResultsFolder, study_name: str, *, fresh: bool) -> tuple[StudyMeta | None, str | None]:
+    """The folder's study.json when it resumes ``study_name`` (None for a new study), and where a
+    ``fresh`` start put the old folder.
+
+    Raises:
+        StudyError: the folder holds something else, or another study.
+    """
+    aside = None
+    if fresh and folder.root.exists():
+        aside = str(folder.set_aside())
+    if not folder.root.exists():
+        return None, aside
+    if not folder.is_study():
+        if any(folder.root.iterdir()):
+            raise StudyError(f"{folder.root} exists and is not a study's results folder; "
+                             "choose another --out or use --fresh")
+        return None, aside
+    meta = folder.meta()
+    if meta.study != study_name:
+        raise StudyError(f"{folder.root} holds study {meta.study!r}, not {study_name!r}; "
+                         "choose another --out or use --fresh")
+    return meta, aside
+
+
+def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder: ResultsFolder,
+            resume_command: str) -> Settings:
+    """Checks everything that can be checked before Ray starts and returns the settings.
+
+    Raises:
+        StudyError: an unknown algorithm or env, an env that breaks the contract, a budget or search
+            space that cannot work (at either device's budget), a resumed study's fixed budget changed,
+            a scheduler that cannot run at this budget, a bad --checkpoint-every or --device-memory.
+    """
+    import algos
+    import envs
+    from harness.placement import parse_bytes
+    from harness.space import validate, validate_pbt
+
+    try:
+        spec = algos.get(study.algo)
+        env, env_params = envs.make(study.env)
+        envs.check(env, env_params)  # before Ray starts: a broken env fails here, in one line
+    except (algos.UnknownAlgoError, envs.UnknownEnvError, envs.EnvContractError) as err:
+        raise StudyError(f"study {study.name}: {err}") from None
+    scheduler = options.scheduler or study.scheduler
+    checkpoint = parse_checkpoint_every(options.checkpoint_every)
+    device_bytes = parse_bytes(options.device_memory) if options.device_memory else None
+    budgets = {kind: resolve_budget(study, options, kind, stored, folder) for kind in ("cpu", "gpu")}
+    if scheduler == "pbt" and options.smoke:
+        study, budgets = _smoke_pbt(study, budgets, spec)
+    settings = Settings(study=study, algo=spec, budgets=budgets, scheduler=scheduler,  # type: ignore[arg-type]
+                        checkpoint=checkpoint, device_bytes=device_bytes, sampler=options.sampler,
+                        storage=options.storage or folder.optuna_url(), address=options.address,
+                        smoke=options.smoke, resume_command=resume_command)
+    fields = set(settings.config_fields)
+    for budget in dict.fromkeys(budgets.values()):
+        validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)
+        if scheduler == "pbt":
+            validate_pbt(study, fields, configs_per_trial=budget.configs_per_trial,
+                         chunks=min(settings.chunks(budget)))
+    return settings
+
+
+def resolve_budget(study: Study, options: Options, kind: str, stored: StudyMeta | None,
+                   folder: ResultsFolder) -> Budget:
+    """The budget on a ``kind`` device: the study's (``--smoke``: its smoke budget), the options
+    over it; a resumed study keeps its C, S and env steps (``--trials`` may grow it).
+
+    Raises:
+        StudyError: a value below 1, or a fixed value changed on resume.
+    """
+    base = study.smoke if options.smoke else (study.gpu if kind == "gpu" else study.cpu)
+    given = options.given()
+    values = {**dataclasses.asdict(base), **{k: v for k, v in given.items() if v is not None}}
+    if stored is not None and stored.budget:
+        for k in RESUME_FIXED:
+            if given[k] is not None and given[k] != stored.budget[k]:
+                raise StudyError(f"{folder.root} was started with --{k.replace('_', '-')} {stored.budget[k]}; "
+                                 f"resume with the same value or use --fresh")
+            values[k] = stored.budget[k]
+        if given["trials"] is None:
+            values["trials"] = stored.budget["trials"]
+    return Budget(**values)
+
+
+def _smoke_pbt(study: Study, budgets: dict[str, Budget], spec: Any) -> tuple[Study, dict[str, Budget]]:
+    """``--smoke --scheduler pbt``: the smoke budget made big enough for one exploit step (enough
+    configurations for one to be replaced, at least two chunks, an interval shorter than the trial)."""
+    settings = study.pbt or PBT()
+    need = math.ceil(1 / settings.fraction) if 0 < settings.fraction <= 0.5 else 1
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+
+    def configs(timesteps: int) -> list[Any]:
+        return [spec.config_cls(**{**study.config, **p, "total_timesteps": timesteps})
+                for p in static_points(study, fields)]
+
+    out = {}
+    for kind, b in budgets.items():
+        timesteps = max([b.timesteps] + [c.env_steps_after(2) for c in configs(b.timesteps) if c.num_chunks < 2])
+        out[kind] = dataclasses.replace(b, configs_per_trial=max(b.configs_per_trial, need), timesteps=timesteps)
+    chunks = min(c.num_chunks for b in out.values() for c in configs(b.timesteps))
+    if settings.interval >= chunks:
+        study = dataclasses.replace(study, pbt=dataclasses.replace(settings, interval=max(1, chunks // 2)))
+    return study, out
+
+
+def parse_checkpoint_every(text: str) -> dict[str, float]:
+    """``--checkpoint-every``: '90s' / '90', '4chunks' or 'never' as the trials' device settings.
+
+    Raises:
+        StudyError: anything else.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|seconds?|chunks?)?\s*", text or "")
+    if (text or "").strip().lower() in ("never", "off", "0"):
+        return {"checkpoint_seconds": 0, "checkpoint_chunks": 0}
+    if not m or float(m.group(1)) <= 0 or (m.group(2) or "").startswith("chunk") and not m.group(1).isdigit():
+        raise StudyError(f"--checkpoint-every {text!r}: give seconds ('60s'), chunks ('4chunks') or 'never'")
+    if (m.group(2) or "s").startswith("chunk"):
+        return {"checkpoint_seconds": 0, "checkpoint_chunks": int(m.group(1))}
+    return {"checkpoint_seconds": float(m.group(1)), "checkpoint_chunks": 0}
+
+
+def _kind(dist: Any) -> str:
+    """How a searched name is plotted: ``log``, ``uniform``, ``int`` or ``categorical``."""
+    if isinstance(dist, LogUniform) or (isinstance(dist, Int) and dist.log):
+        return "log"
+    return {Int: "int", Categorical: "categorical"}.get(type(dist), "uniform")

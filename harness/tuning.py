@@ -1,0 +1,160 @@
+"""Ray Tune, wired once for both phases: the search (a searcher and a scheduler proposing trials)
+and the final re-training (a grid of fixed plans).
+
+Also the thin Tune-facing shells over plain objects: :class:`GuardedSearcher` (a searcher that
+stops acting once the results disk refuses writes, as Tune's ``ConcurrencyLimiter`` wraps one),
+the disk callback, stopper and log filter over :class:`~harness.guard.DiskGuard`, and the
+progress callback over :class:`~harness.progress.Progress`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from ray import tune
+from ray.tune.search import Searcher
+
+from harness.cluster import Placement
+from harness.folder import ResultsFolder
+from harness.guard import DiskGuard
+from harness.progress import Progress
+from harness.settings import Settings
+
+MAX_FAILURES = 2  # retries of a trial whose worker died (it goes on from its last checkpoint)
+
+
+def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
+        kind: Literal["run", "final"], searcher: Searcher | None = None, scheduler: Any = None,
+        num_samples: int = 1, param_space: dict[str, Any] | None = None,
+        callbacks: list[Any] | None = None) -> tune.ResultGrid:
+    """Runs one Tune experiment under ``folder/tune/<kind>-K``: the study's trainable, its
+    placement, actor reuse, retries of dead workers, the disk guard's callback and stopper.
+    A final run (``kind="final"``) keeps each trial's last checkpoint: the trained policies.
+
+    Raises:
+        StudyError: the results disk refused a write meanwhile (the guard's one line).
+    """
+    from harness.trainable import trainable_for
+
+    DiskErrorLog.install(guard)
+    tuner = tune.Tuner(
+        trainable_for(settings.study.name, placement.resources),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(search_alg=GuardedSearcher(searcher, guard) if searcher else None,
+                                    scheduler=scheduler, num_samples=num_samples,
+                                    max_concurrent_trials=placement.slots, reuse_actors=True,
+                                    trial_dirname_creator=lambda t: folder.tune_trial_dirname(t.trial_id)),
+        run_config=tune.RunConfig(
+            name=folder.next_run(kind), storage_path=str(folder.tune_dir), verbose=0,
+            callbacks=[*(callbacks or []), DiskWatch(guard)], stop=StopOnDiskError(guard),
+            failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=kind == "final", num_to_keep=2)))
+    grid = tuner.fit()
+    guard.raise_if_tripped()
+    return grid
+
+
+def trial_error(trial: Any) -> str:
+    """The last line of a failed Tune trial's error (Tune's own log of it is turned off)."""
+    try:
+        text = trial.get_error() or ""
+    except Exception:  # noqa: BLE001 - the error file may be unreadable (a full disk, say)
+        text = ""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "no error text"
+
+
+class GuardedSearcher(Searcher):
+    """``searcher`` behind the disk guard: a write to a full or read-only results disk inside its
+    calls (records, Optuna's storage, inflight/) trips the guard rather than failing inside Tune,
+    which logs such errors and goes on. From then on it does nothing: the trials stopped on the
+    way out are neither recorded nor told, so the next run adopts them."""
+
+    def __init__(self, searcher: Searcher, guard: DiskGuard) -> None:
+        super().__init__(metric=searcher.metric, mode=searcher.mode)
+        self.searcher, self.guard = searcher, guard
+
+    def suggest(self, trial_id: str) -> dict | None:
+        return self.guard.call(self.searcher.suggest, trial_id)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self.guard.call(self.searcher.on_trial_result, trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        self.guard.call(self.searcher.on_trial_complete, trial_id, result=result, error=error)
+
+    def get_state(self) -> dict:  # state lives in Optuna's storage and the records (Tune asks wrappers)
+        return {}
+
+    def set_state(self, state: dict) -> None:
+        pass
+
+
+class DiskWatch(tune.Callback):
+    """A trial that fails while the results disk refuses writes (its checkpoint could not be
+    saved, say) stops the study instead of being retried until it counts as failed."""
+
+    def __init__(self, guard: DiskGuard) -> None:
+        self.guard = guard
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.guard.note_if_unwritable()
+
+    on_trial_error = on_trial_recover
+
+
+class StopOnDiskError(tune.Stopper):
+    """Ends the whole experiment once the guard has tripped."""
+
+    def __init__(self, guard: DiskGuard) -> None:
+        self.guard = guard
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.guard.tripped
+
+
+class DiskErrorLog(logging.Filter):
+    """On Tune's loggers: an error logged because the results disk refuses writes (Tune saves its
+    experiment state there, logs a traceback when that fails and goes on) trips the guard and is
+    not printed; other records pass."""
+
+    LOGGERS = ("ray.tune.execution.experiment_state", "ray.tune.execution.tune_controller")
+
+    def __init__(self, guard: DiskGuard) -> None:
+        super().__init__()
+        self.guard = guard
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        found = self.guard.note(err, probe=False) or self.guard.note(record.getMessage(), probe=False)
+        return not found
+
+    @classmethod
+    def install(cls, guard: DiskGuard) -> None:
+        for name in cls.LOGGERS:
+            log = logging.getLogger(name)
+            for f in [f for f in log.filters if isinstance(f, cls)]:
+                log.removeFilter(f)
+            log.addFilter(cls(guard))
+
+
+class ProgressCallback(tune.Callback):
+    """Feeds Tune's trial events to :class:`~harness.progress.Progress`."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        plan = trial.config["plan"]
+        steps = int(result.get("env_steps", 0)) * plan["seeds"] * len(plan["hparams"])
+        self.progress.result(trial.trial_id, steps, running=sum(t.status == "RUNNING" for t in trials))
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.progress.retrying(trial.config["plan"]["trial"], trial_error(trial))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.progress.failed(trial.config["plan"]["trial"], trial_error(trial))

@@ -1,0 +1,79 @@
+"""Helpers for testing the driver's units without Ray: resolved settings, a placement, and a
+stand-in for Ray Tune that drives a searcher the way Tune does (suggest, results, complete)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from harness.cluster import Placement
+from harness.folder import ResultsFolder
+from harness.search_phase import plan_factory
+from harness.settings import Options, Settings, resolve
+from harness.space import Budget, Study
+
+CPU = Placement("cpu", {"cpu": 1}, 2, {"cache_dir": "/nonexistent"})
+
+
+def settings_for(study: Study, tmp_path: Path, **options: Any) -> Settings:
+    """``study`` resolved as ``python -m harness.study`` would (``options``: :class:`Options` fields)."""
+    folder = ResultsFolder(tmp_path / study.name)
+    return resolve(study, Options(**options), stored=None, folder=folder, resume_command="python -m harness.study x")
+
+
+def plan_maker(study: Study, tmp_path: Path, *, seeds: int, timesteps: int, configs: int = 1) -> Any:
+    settings = settings_for(study, tmp_path)
+    return plan_factory(settings, Budget(trials=1, configs_per_trial=configs, seeds=seeds, timesteps=timesteps))
+
+
+def fake_result(plan: dict[str, Any], chunk: int, num_chunks: int, *, value: float = 1.0) -> dict[str, Any]:
+    """What a trial reports after ``chunk``: every run of configuration i of trial t returns
+    ``value * (10 * (t + 1) + i)`` (NaN, diverged, where ``value`` is NaN); the last chunk is final."""
+    c, s = len(plan["hparams"]), plan["seeds"]
+    nan = value != value
+    grid = [[None if nan else value * (10 * (plan["trial"] + 1) + i)] * s for i in range(c)]
+    steps = plan["config"]["total_timesteps"] * chunk // num_chunks
+    out = {"chunk": chunk, "num_chunks": num_chunks, "env_steps": steps, "returns": grid, "evals": grid,
+           "objective": grid, "diverged": [[nan] * s for _ in range(c)],
+           "score": float("nan") if nan else max(map(max, grid))}
+    if chunk == num_chunks:
+        out.update(final=True, scores=grid, final_returns=grid, kernel_seconds=1.0, compile_seconds=2.0)
+    return out
+
+
+class FakeTune:
+    """Stands in for ``harness.tuning.run``: runs each proposed trial to the end, one at a time,
+    reporting :func:`fake_result` after each of ``chunks`` chunks (``stop_after``: the whole run
+    stops, as on Ctrl-C, after that many trials were proposed; they stay in flight)."""
+
+    def __init__(self, chunks: int = 2, stop_after: int | None = None, value: float = 1.0) -> None:
+        self.chunks, self.stop_after, self.value = chunks, stop_after, value
+        self.configs: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, settings: Settings, folder: ResultsFolder, placement: Placement, guard: Any, *,
+                 kind: str, searcher: Any = None, num_samples: int = 1, **kwargs: Any) -> None:
+        from harness.tuning import GuardedSearcher
+
+        self.calls.append({"kind": kind, "num_samples": num_samples, **kwargs})
+        searcher = GuardedSearcher(searcher, guard)
+        for n in range(num_samples):
+            tid = f"fake{len(self.configs):03d}"
+            config = searcher.suggest(tid)
+            if config is None:
+                break
+            self.configs.append(config)
+            if self.stop_after is not None and n + 1 >= self.stop_after:
+                break
+            for k in range(1, self.chunks + 1):
+                result = fake_result(config["plan"], k, self.chunks, value=self.value)
+                searcher.on_trial_result(tid, result)
+            searcher.on_trial_complete(tid, result)
+        guard.raise_if_tripped()
+
+
+def small(study: Study, **budget: int) -> Study:
+    """``study`` with every budget replaced by ``Budget(**budget)``."""
+    b = Budget(**{"trials": 2, "configs_per_trial": 2, "seeds": 2, "timesteps": 4096, **budget})
+    return dataclasses.replace(study, cpu=b, gpu=b, smoke=b)

@@ -1,0 +1,373 @@
+"""The driver's units without Ray: the results folder, settings resolution, the disk guard, the
+search phase (Ray Tune stood in for by tests/driver.FakeTune, the searcher and Optuna real), the
+final phase (its kernels stood in for), the summary, and the CLI's handling of Ctrl-C."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+import studies
+from harness import final_phase, report, search_phase, summary, tuning
+from harness.folder import InFlight, ResultsFolder, StudyMeta, Unreadable
+from harness.guard import DiskGuard
+from harness.kernel import FINAL
+from harness.records import RecordsError, write_json
+from harness.settings import Options, prepare_folder, resolve
+from harness.space import Budget, StudyError
+from tests.driver import CPU, FakeTune, settings_for, small
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- the results folder ---------------------------------------------------------------------------
+
+def test_folder__paths_follow_the_layout(tmp_path):
+    f = ResultsFolder(tmp_path / "s")
+    assert f.trial_file(3) == tmp_path / "s" / "trials" / "0003.json"
+    assert f.inflight_file(3) == tmp_path / "s" / "inflight" / "0003.json"
+    assert f.policy_file("t0001c0", 2) == tmp_path / "s" / "checkpoints" / "t0001c0" / "seed_2.msgpack"
+    assert f.schedule_file("t0001c0") == tmp_path / "s" / "schedules" / "t0001c0.json"
+    assert f.report("best.json") == tmp_path / "s" / "reports" / "best.json"
+    assert f.optuna_url() == f"sqlite:///{tmp_path / 's' / 'optuna.db'}"
+
+
+def test_folder__study_json_reads_back_with_defaults_for_what_older_versions_left_out(tmp_path):
+    f = ResultsFolder(tmp_path / "s")
+    with pytest.raises(RecordsError, match="no results folder at"):
+        f.meta()
+    f.root.mkdir()
+    with pytest.raises(RecordsError, match=r"is not a study's results folder \(no study.json\)"):
+        f.meta()
+    write_json(f.study_file, {"study": "s", "from_the_future": 1})
+    meta = f.meta()
+    assert (meta.direction, meta.metric, meta.objective, meta.eval_policy, meta.space, meta.reference) == (
+        "maximize", "mean", "final", "greedy", {}, None) and meta.maximize
+    full = dataclasses.replace(meta, direction="minimize", objective="steps", threshold=400.0,
+                               reference={"label": "random play", "return": -1.0}, budget={"trials": 2})
+    f.write_meta(full)
+    assert f.meta() == full and not full.maximize
+    write_json(f.study_file, ["not", "a", "study"])
+    with pytest.raises(RecordsError, match="is not a study's study.json"):
+        f.meta()
+
+
+def test_folder__the_run_counter_never_reuses_a_tune_folder(tmp_path):
+    f = ResultsFolder(tmp_path)
+    assert f.next_run("run") == "run-0" and f.next_run("final") == "final-0"
+    for name in ("run-0", "run-3", "final-0", "run-x"):
+        (f.tune_dir / name).mkdir(parents=True)
+    assert f.next_run("run") == "run-4" and f.next_run("final") == "final-1"
+
+
+def test_folder__in_flight_entries_carry_their_checkpoints_newest_first_and_a_record_ends_them(tmp_path):
+    f = ResultsFolder(tmp_path)
+    f.note_inflight(InFlight(trial=2, plan={"trial": 2}, points=[{}], optuna_numbers=[4], tune_trial_ids=["a", "b"]))
+    old = f.tune_dir / "run-0" / "trial_a" / "checkpoint_000000" / "kernel.msgpack"
+    new = f.tune_dir / "run-1" / "trial_b" / "checkpoint_000001" / "kernel.msgpack"
+    for i, path in enumerate((old, new)):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"k")
+        os.utime(path, (1000 + i, 1000 + i))
+    (f.root / "inflight" / "0007.json").write_text("{cut sho")
+    entry, broken = f.inflight()
+    assert entry.trial == 2 and entry.resume_from == (str(new), str(old))
+    assert isinstance(broken, Unreadable) and broken.path.name == "0007.json" and "not valid JSON" in broken.error
+    f.record({"trial": 2, "tune_trial_id": "b", "status": "complete", "seeds": 1, "configs": []})
+    assert [r["trial"] for r in f.trials()] == [2]
+    assert not f.inflight_file(2).exists() and not new.exists() and old.exists()
+
+
+# -- settings, resolved once before Ray -----------------------------------------------------------
+
+def test_settings__the_budget_is_the_studys_for_the_device_with_the_options_over_it(tmp_path):
+    study = studies.get("cartpole_ppo")
+    s = settings_for(study, tmp_path)
+    assert s.budget("cpu") == study.cpu and s.budget("gpu") == study.gpu
+    s = settings_for(study, tmp_path, smoke=True, seeds=3, scheduler="none")
+    assert s.budget("cpu") == s.budget("gpu") == dataclasses.replace(study.smoke, seeds=3)
+    assert s.scheduler == "none" and s.storage == f"sqlite:///{tmp_path / 'cartpole_ppo' / 'optuna.db'}"
+
+
+def test_settings__a_resumed_study_keeps_its_shape_and_may_grow_its_trials(tmp_path):
+    study = studies.get("cartpole_ppo")
+    folder = ResultsFolder(tmp_path)
+    stored = StudyMeta(study="cartpole_ppo", budget={"trials": 5, "configs_per_trial": 2, "seeds": 2,
+                                                     "timesteps": 20480})
+    s = resolve(study, Options(trials=7), stored=stored, folder=folder, resume_command="")
+    assert s.budget("cpu") == s.budget("gpu") == Budget(7, 2, 2, 20480)
+    assert resolve(study, Options(), stored=stored, folder=folder, resume_command="").budget("gpu").trials == 5
+    with pytest.raises(StudyError, match=r"was started with --seeds 2; resume with the same value or use --fresh"):
+        resolve(study, Options(seeds=3), stored=stored, folder=folder, resume_command="")
+
+
+@pytest.mark.parametrize("options, expect", [
+    (dict(checkpoint_every="soon"), r"--checkpoint-every 'soon': give seconds \('60s'\), chunks"),
+    (dict(device_memory="lots"), r"--device-memory 'lots' is not a size"),
+    (dict(timesteps=0), r"timesteps must be >= 1, got 0"),
+    (dict(scheduler="pbt", configs_per_trial=2), r"needs --configs-per-trial >= 4, got 2"),
+    (dict(scheduler="pbt", timesteps=20480), r"exploits every 4 chunks but a trial runs 4"),
+])
+def test_settings__what_cannot_work_is_refused_before_ray_in_one_line(tmp_path, options, expect):
+    with pytest.raises(StudyError, match=expect) as err:
+        settings_for(studies.get("cartpole_ppo"), tmp_path, **options)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["cartpole_ppo", "cartpole_sac", "dungeon_ppo", "pendulum_sac", "snake_ppo"])
+def test_settings__smoke_runs_with_population_based_training_for_every_study(tmp_path, name):
+    study = studies.get(name)
+    s = settings_for(study, tmp_path, smoke=True, scheduler="pbt")  # refused before: C < 4, then chunks
+    budget = s.budget("cpu")
+    assert budget.configs_per_trial >= 4 and budget.timesteps >= study.smoke.timesteps
+    assert 1 <= s.pbt()["interval"] < min(s.chunks(budget))
+
+
+def test_settings__the_folder_must_be_this_studys_or_new(tmp_path):
+    folder = ResultsFolder(tmp_path / "cartpole_ppo")
+    assert prepare_folder(folder, "cartpole_ppo", fresh=False) == (None, None)
+    folder.root.mkdir()
+    (folder.root / "notes.txt").write_text("mine")
+    with pytest.raises(StudyError, match="exists and is not a study's results folder"):
+        prepare_folder(folder, "cartpole_ppo", fresh=False)
+    folder.write_meta(StudyMeta(study="snake_ppo"))
+    with pytest.raises(StudyError, match="holds study 'snake_ppo', not 'cartpole_ppo'"):
+        prepare_folder(folder, "cartpole_ppo", fresh=False)
+    meta, aside = prepare_folder(folder, "cartpole_ppo", fresh=True)
+    assert meta is None and Path(aside).name.startswith("cartpole_ppo.old-") and (Path(aside) / "notes.txt").exists()
+
+
+def test_settings__one_factory_makes_every_plan_from_the_study(tmp_path):
+    study = studies.get("cartpole_ppo")
+    s = settings_for(study, tmp_path)
+    make = search_phase.plan_factory(s, Budget(1, 2, 3, 20480))
+    points = [{"lr": 1e-3, "gamma": 0.9, "num_minibatches": 8}, {"lr": 2e-3, "gamma": 0.95, "num_minibatches": 8}]
+    plan = make(points, 5)
+    assert plan.config == {**study.config, "num_minibatches": 8, "total_timesteps": 20480}
+    assert plan.hparams == [{"lr": 1e-3, "gamma": 0.9}, {"lr": 2e-3, "gamma": 0.95}]
+    assert (plan.trial, plan.seeds, plan.study_seed, plan.objective, plan.curve_episodes, plan.pbt) == (
+        5, 3, study.seed, "auc", study.curve_episodes, None)
+
+
+# -- the disk guard -------------------------------------------------------------------------------
+
+class _Searcher:
+    metric, mode = "score", "max"
+
+    def __init__(self, err: Exception) -> None:
+        self.err, self.calls = err, 0
+
+    def suggest(self, trial_id):
+        self.calls += 1
+        raise self.err
+
+
+def test_guard__a_full_disk_in_the_searcher_stops_the_study_in_one_line_and_other_errors_propagate(tmp_path):
+    folder = ResultsFolder(tmp_path)
+    guard = DiskGuard(folder, "python -m harness.study x")
+    inner = _Searcher(OSError(errno.ENOSPC, "No space left on device"))
+    wrapped = tuning.GuardedSearcher(inner, guard)
+    assert wrapped.suggest("a") is None and guard.problem == "No space left on device"
+    assert wrapped.suggest("b") is None and inner.calls == 1  # tripped: the searcher does nothing more
+    assert tuning.StopOnDiskError(guard).stop_all()
+    err = str(guard.error())
+    assert err == (f"cannot write to the results folder {tmp_path} (No space left on device); the trials recorded "
+                   "so far (0) are intact. Free space (or make it writable), then resume with: python -m harness.study x")
+    other = tuning.GuardedSearcher(_Searcher(ValueError("a bug")), DiskGuard(folder, ""))
+    with pytest.raises(ValueError, match="a bug"):
+        other.suggest("a")
+    quiet = DiskGuard(folder, "")
+    log = tuning.DiskErrorLog(quiet)
+    assert log.filter(logging.LogRecord("x", logging.ERROR, "", 0, "saving failed: [Errno 30] Read-only "
+                                                                    "file system", None, None)) is False
+    assert quiet.problem == "Read-only file system"
+    assert log.filter(logging.LogRecord("x", logging.ERROR, "", 0, "something else", None, None)) is True
+
+
+# -- the search phase, Tune stood in for ------------------------------------------------------------
+
+def _search(tmp_path, monkeypatch, fake, study=None, **options):
+    study = study or small(studies.get("cartpole_ppo"), trials=3, timesteps=20480)
+    settings = settings_for(study, tmp_path, **options)
+    folder = ResultsFolder(tmp_path / study.name)
+    folder.write_meta(settings.meta(settings.budget("cpu"), None, "now"))
+    monkeypatch.setattr(tuning, "run", fake)
+    return settings, folder, search_phase.run(settings, folder, CPU, DiskGuard(folder, "resume"))
+
+
+def _optuna(folder, name="cartpole_ppo"):
+    return optuna.load_study(study_name=name, storage=folder.optuna_url()).trials
+
+
+def test_search_phase__records_every_trial_and_tells_optuna_each_configurations_own_result(tmp_path, monkeypatch,
+                                                                                             capsys):
+    _, folder, outcome = _search(tmp_path, monkeypatch, FakeTune(chunks=2))
+    assert (outcome.done, outcome.total, outcome.interrupted) == (3, 3, False)
+    records = folder.trials()
+    assert [(r["trial"], r["status"]) for r in records] == [(0, "complete"), (1, "complete"), (2, "complete")]
+    assert records[2]["configs"][1]["scores"] == [31.0, 31.0] and len(records[2]["curves"]) == 2
+    assert not list((folder.root / "inflight").glob("*"))
+    trials = _optuna(folder)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6 and [t.value for t in trials] == [10, 11, 20, 21, 30, 31]
+    assert trials[5].intermediate_values == {10240: 31.0, 20480: 31.0}
+    out = capsys.readouterr().out
+    assert "[3/3] trial 2: best of its 2 configs 31.0 | study best 31.0 (t0002c1: " in out
+
+
+def test_search_phase__a_stopped_search_resumes_its_in_flight_trial_from_its_checkpoint(tmp_path, monkeypatch, capsys):
+    _, folder, outcome = _search(tmp_path, monkeypatch, FakeTune(stop_after=2))
+    assert (outcome.done, outcome.interrupted) == (1, True)
+    (entry,) = folder.inflight()
+    assert entry.trial == 1 and [t.state.name for t in _optuna(folder)] == ["COMPLETE"] * 2 + ["RUNNING"] * 2
+    ckpt = folder.tune_dir / "run-0" / f"trial_{entry.tune_trial_ids[0]}" / "checkpoint_000000" / "kernel.msgpack"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"k")
+    again = FakeTune()
+    _, _, outcome = _search(tmp_path, monkeypatch, again)
+    assert outcome.done == 3 and not outcome.interrupted and again.calls[0]["num_samples"] == 2
+    adopted = again.configs[0]
+    assert adopted["plan"]["trial"] == 1 and adopted["resume_from"] == [str(ckpt)]
+    assert adopted["plan"] == entry.plan  # the same plan, under its own trial number
+    assert "resuming: 1 trials recorded; in flight when stopped: trial 1 from its checkpoint" in capsys.readouterr().out
+    records = folder.trials()
+    assert [r["trial"] for r in records] == [0, 1, 2]
+    numbers = [c["optuna_number"] for r in records for c in r["configs"]]
+    assert numbers == [0, 1, 2, 3, 4, 5]  # the in-flight trial kept its Optuna trials
+    assert [t.state.name for t in _optuna(folder)] == ["COMPLETE"] * 6
+    assert not list((folder.root / "inflight").glob("*"))
+
+
+def test_search_phase__a_disk_that_fills_mid_search_stops_it_in_one_line_and_keeps_the_records(tmp_path, monkeypatch):
+    real = ResultsFolder.record
+
+    def record(self, rec):
+        if rec["trial"] == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, rec)
+
+    monkeypatch.setattr(ResultsFolder, "record", record)
+    with pytest.raises(StudyError, match=r"\(No space left on device\); the trials recorded so far \(1\) are intact"):
+        _search(tmp_path, monkeypatch, FakeTune())
+    folder = ResultsFolder(tmp_path / "cartpole_ppo")
+    assert [r["trial"] for r in folder.trials()] == [0]
+    (entry,) = folder.inflight()  # neither recorded nor told: the next run adopts it
+    assert entry.trial == 1 and [t.state.name for t in _optuna(folder)][2:] == ["RUNNING"] * 2
+
+
+def test_search_phase__diverged_configurations_are_recorded_as_diverged(tmp_path, monkeypatch, capsys):
+    _, folder, _ = _search(tmp_path, monkeypatch, FakeTune(value=float("nan")))
+    assert "[1/3] trial 0: all configs diverged" in capsys.readouterr().out
+    assert {t.state.name for t in _optuna(folder)} == {"FAIL"}
+    configs, _, _ = report.tables(folder)
+    assert configs.diverged.all() and configs["rank"].isna().all()
+
+
+# -- the final phase, its kernels stood in for ------------------------------------------------------
+
+def _final_kernels(tmp_path):
+    """Stands in for the re-training kernels: configuration i of a plan scores its first
+    hyperparameter's lr x 1e4 + the round, and writes its policies' files."""
+    seen = []
+
+    def run_plans(plans):
+        seen.extend(plans)
+        out = []
+        for n, plan in enumerate(plans):
+            ckpt = tmp_path / "ckpt" / str(len(seen) + n)
+            ckpt.mkdir(parents=True)
+            grid = [[h["lr"] * 1e4 + plan.trial] * plan.seeds for h in plan.hparams]
+            for i in range(len(plan.hparams)):
+                for s in range(plan.seeds):
+                    (ckpt / f"c{i}_s{s}.msgpack").write_bytes(b"p")
+            out.append({"scores": grid, "final_returns": grid, "diverged": [[False] * plan.seeds] * len(grid),
+                        "checkpoint": str(ckpt)})
+        return out
+    return run_plans, seen
+
+
+def test_final_phase__the_top_configurations_and_the_control_train_on_the_same_fresh_seeds(tmp_path, monkeypatch,
+                                                                                           capsys):
+    settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune())
+    run_plans, seen = _final_kernels(tmp_path)
+    final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
+    assert [c["config_id"] for c in final["configs"]] == ["t0002c1", "t0002c0", "t0001c1"]
+    control = final["control"]
+    assert control["config_id"] == "default" and control["params"] == settings.control(20480)[0]
+    rounds = -(-settings.study.final_seeds // 2)
+    keys = [(p["plan"]["trial"], p["plan"]["stream"], p["plan"]["seeds"]) for p in control["plans"]]
+    assert keys == [(r, FINAL, 2) for r in range(rounds)]
+    for c in final["configs"]:  # round r of every kernel: the same keys (common random numbers)
+        assert [(p["plan"]["trial"], p["plan"]["stream"], p["plan"]["seeds"]) for p in c["plans"]] == keys
+        assert len(c["scores"]) == rounds * 2 and f"--seeds {rounds * 2}" in c["command"]
+    assert folder.kept_policies() == ["t0001c1", "t0002c0", "t0002c1"]  # not the control's
+    policy = json.loads((folder.policy_dir("t0002c1") / "policy.json").read_text())
+    assert [s["seed"] for s in policy["seeds"]] == list(range(rounds * 2))
+    assert final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None  # up to date
+    assert "re-training the top 3 configurations and the default one on 4 fresh seeds" in capsys.readouterr().out
+    # and the summary a study ends with, from the reports
+    lines = summary.lines(report.build(folder), done=3, minutes=0.5)
+    assert lines[0] == "done: 3 trials in 0.5 min"
+    assert re.fullmatch(r"best: t\d{4}c\d re-evaluated \S+ \(95% CI \S+\) on 4 fresh seeds, final return \S+; "
+                        r"search score \S+", lines[1]), lines
+    assert lines[3].startswith("  reproduce: python -m harness.train --algo ppo --env CartPole-v1 --seeds 4 ")
+    assert lines[4].startswith("tuned vs default (auc): ")
+    assert lines[5].startswith(f"reports: {folder.reports_dir}/ (configs.csv, seeds.csv, curves.csv, final.csv, ")
+
+
+# -- empty and interrupted studies ------------------------------------------------------------------
+
+def test_report__a_study_with_no_record_yet_builds_its_reports(tmp_path):
+    folder = ResultsFolder(tmp_path)
+    folder.write_meta(StudyMeta(study="s", space={"lr": "log"}))
+    paths = report.build(folder)
+    assert "best" not in paths and paths["configs"].exists()
+    assert "No configuration has been scored yet" in paths["index"].read_text()
+
+
+def test_study_cli__ctrl_c_before_any_record_prints_the_resume_line(tmp_path, monkeypatch, capsys):
+    from harness import study as cli
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "execute", interrupted)
+    argv = ["cartpole_ppo", "--smoke", "--out", str(tmp_path), "--fresh"]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert f"Resume with: python -m harness.study cartpole_ppo --smoke --out {tmp_path}\n" in err
+    assert "Traceback" not in err
+
+
+# -- the shape of the driver ----------------------------------------------------------------------
+
+def test_driver__only_the_cli_imports_studies_and_sees_argv():
+    for path in (ROOT / "harness").glob("*.py"):
+        text = path.read_text()
+        if path.name != "study.py":
+            assert not re.search(r"^\s*(import studies|from studies)", text, re.M), path
+        if path.name not in ("study.py", "report.py", "train.py", "play.py"):  # the four CLIs
+            assert "sys.argv" not in text and "argparse" not in text, path
+
+
+def test_driver__no_module_but_the_folder_builds_paths_inside_a_results_folder():
+    layout = re.compile(r"""/\s*f?["'](study\.json|final\.json|optuna\.db|inflight|trials|checkpoints|schedules|"""
+                        r"""ray-session\.json|reports|tensorboard|tune)\b""")  # joined as a path: root / "trials"
+    offenders = [p.name for p in (ROOT / "harness").glob("*.py")
+                 if p.name != "folder.py" and layout.search(p.read_text())]
+    assert offenders == []
+
+
+def test_core_and_driver_units__import_without_starting_ray():
+    code = ("import harness.folder, harness.settings, harness.guard, harness.progress, harness.summary, sys; "
+            "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
