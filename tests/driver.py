@@ -19,7 +19,8 @@ CPU = Placement("cpu", {"cpu": 1}, 2, {"cache_dir": "/nonexistent"})
 def settings_for(study: Study, tmp_path: Path, **options: Any) -> Settings:
     """``study`` resolved as ``python -m harness.study`` would (``options``: :class:`Options` fields)."""
     folder = ResultsFolder(tmp_path / study.name)
-    return resolve(study, Options(**options), stored=None, folder=folder, resume_command="python -m harness.study x")
+    return resolve(study, Options(**options), stored=None, folder=folder,
+                   resume_command="python -m harness.study x")
 
 
 def plan_maker(study: Study, tmp_path: Path, *, seeds: int, timesteps: int, configs: int = 1) -> Any:

@@ -72,7 +72,8 @@ def test_folder__the_run_counter_never_reuses_a_tune_folder(tmp_path):
 
 def test_folder__in_flight_entries_carry_their_checkpoints_newest_first_and_a_record_ends_them(tmp_path):
     f = ResultsFolder(tmp_path)
-    f.note_inflight(InFlight(trial=2, plan={"trial": 2}, points=[{}], optuna_numbers=[4], tune_trial_ids=["a", "b"]))
+    f.note_inflight(InFlight(trial=2, plan={"trial": 2}, points=[{}], optuna_numbers=[4],
+                             tune_trial_ids=["a", "b"]))
     old = f.tune_dir / "run-0" / "trial_a" / "checkpoint_000000" / "kernel.msgpack"
     new = f.tune_dir / "run-1" / "trial_b" / "checkpoint_000001" / "kernel.msgpack"
     for i, path in enumerate((old, new)):
@@ -144,7 +145,8 @@ def test_settings__the_folder_must_be_this_studys_or_new(tmp_path):
     with pytest.raises(StudyError, match="holds study 'snake_ppo', not 'cartpole_ppo'"):
         prepare_folder(folder, "cartpole_ppo", fresh=False)
     meta, aside = prepare_folder(folder, "cartpole_ppo", fresh=True)
-    assert meta is None and Path(aside).name.startswith("cartpole_ppo.old-") and (Path(aside) / "notes.txt").exists()
+    assert meta is None and Path(aside).name.startswith("cartpole_ppo.old-")
+    assert (Path(aside) / "notes.txt").read_text() == "mine"
 
 
 def test_settings__one_factory_makes_every_plan_from_the_study(tmp_path):
@@ -181,8 +183,9 @@ def test_guard__a_full_disk_in_the_searcher_stops_the_study_in_one_line_and_othe
     assert wrapped.suggest("b") is None and inner.calls == 1  # tripped: the searcher does nothing more
     assert tuning.StopOnDiskError(guard).stop_all()
     err = str(guard.error())
-    assert err == (f"cannot write to the results folder {tmp_path} (No space left on device); the trials recorded "
-                   "so far (0) are intact. Free space (or make it writable), then resume with: python -m harness.study x")
+    assert err == (f"cannot write to the results folder {tmp_path} (No space left on device); the trials "
+                   "recorded so far (0) are intact. Free space (or make it writable), then resume with: "
+                   "python -m harness.study x")
     other = tuning.GuardedSearcher(_Searcher(ValueError("a bug")), DiskGuard(folder, ""))
     with pytest.raises(ValueError, match="a bug"):
         other.suggest("a")
@@ -218,13 +221,15 @@ def test_search_phase__records_every_trial_and_tells_optuna_each_configurations_
     assert records[2]["configs"][1]["scores"] == [31.0, 31.0] and len(records[2]["curves"]) == 2
     assert not list((folder.root / "inflight").glob("*"))
     trials = _optuna(folder)
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 6 and [t.value for t in trials] == [10, 11, 20, 21, 30, 31]
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    assert [t.value for t in trials] == [10, 11, 20, 21, 30, 31]
     assert trials[5].intermediate_values == {10240: 31.0, 20480: 31.0}
     out = capsys.readouterr().out
     assert "[3/3] trial 2: best of its 2 configs 31.0 | study best 31.0 (t0002c1: " in out
 
 
-def test_search_phase__a_stopped_search_resumes_its_in_flight_trial_from_its_checkpoint(tmp_path, monkeypatch, capsys):
+def test_search_phase__a_stopped_search_resumes_its_in_flight_trial_from_its_checkpoint(tmp_path, monkeypatch,
+                                                                                        capsys):
     _, folder, outcome = _search(tmp_path, monkeypatch, FakeTune(stop_after=2))
     assert (outcome.done, outcome.interrupted) == (1, True)
     (entry,) = folder.inflight()
@@ -238,7 +243,8 @@ def test_search_phase__a_stopped_search_resumes_its_in_flight_trial_from_its_che
     adopted = again.configs[0]
     assert adopted["plan"]["trial"] == 1 and adopted["resume_from"] == [str(ckpt)]
     assert adopted["plan"] == entry.plan  # the same plan, under its own trial number
-    assert "resuming: 1 trials recorded; in flight when stopped: trial 1 from its checkpoint" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "resuming: 1 trials recorded; in flight when stopped: trial 1 from its checkpoint" in out
     records = folder.trials()
     assert [r["trial"] for r in records] == [0, 1, 2]
     numbers = [c["optuna_number"] for r in records for c in r["configs"]]
@@ -247,7 +253,8 @@ def test_search_phase__a_stopped_search_resumes_its_in_flight_trial_from_its_che
     assert not list((folder.root / "inflight").glob("*"))
 
 
-def test_search_phase__a_disk_that_fills_mid_search_stops_it_in_one_line_and_keeps_the_records(tmp_path, monkeypatch):
+def test_search_phase__a_disk_that_fills_mid_search_stops_it_in_one_line_and_keeps_the_records(tmp_path,
+                                                                                               monkeypatch):
     real = ResultsFolder.record
 
     def record(self, rec):
@@ -256,7 +263,8 @@ def test_search_phase__a_disk_that_fills_mid_search_stops_it_in_one_line_and_kee
         real(self, rec)
 
     monkeypatch.setattr(ResultsFolder, "record", record)
-    with pytest.raises(StudyError, match=r"\(No space left on device\); the trials recorded so far \(1\) are intact"):
+    with pytest.raises(StudyError, match=r"\(No space left on device\); the trials recorded so far \(1\) are "
+                                         r"intact"):
         _search(tmp_path, monkeypatch, FakeTune())
     folder = ResultsFolder(tmp_path / "cartpole_ppo")
     assert [r["trial"] for r in folder.trials()] == [0]

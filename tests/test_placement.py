@@ -4,8 +4,6 @@ line, one that cannot fit at all."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from harness.kernel import TrialPlan
@@ -87,29 +85,45 @@ def test_measure_kernel__grows_with_width_and_counts_the_transformers_attention(
     assert measure_kernel(att, 1).peak > max(m1.peak, 64 * 2 * 100 * 100 * 4)
 
 
-@pytest.mark.slow
-def test_study__shape_larger_than_the_stated_device_runs_in_sub_batches(tmp_path, ray_env):
+def _fit(monkeypatch, tmp_path, name, device_memory):
+    """``cluster.fit_trials`` for study ``name``'s smoke budget with ``--device-memory``, its
+    one-off probe run in this process instead of a Ray worker; (placement, search plan, lines)."""
+    import studies
+    from harness import cluster, trainable
+    from harness.search_phase import plan_factory
+    from tests.driver import CPU, settings_for
+
+    monkeypatch.setattr(trainable, "setup_process", lambda device: None)
+    monkeypatch.setattr(cluster, "run_once", lambda fn, *args, gpu: fn(*args))
+    settings = settings_for(studies.get(name), tmp_path, smoke=True, device_memory=device_memory)
+    budget, lines = settings.budget("cpu"), []
+    place = cluster.fit_trials(settings, budget, CPU, say=lines.append)
+    points = [{n: d.choices[0] for n, d in settings.study.space.items() if n in settings.static_names}] * 2
+    return place, plan_factory(settings, budget)(points, 0), lines
+
+
+def test_fit_trials__a_shape_larger_than_the_stated_device_runs_its_trials_in_sub_batches(monkeypatch, tmp_path):
     # cartpole_ppo's smoke shape (2 configs x 2 seeds), given room for one configuration only
     plan = TrialPlan("CartPole-v1", "ppo", dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10,
                                                 num_minibatches=4, total_timesteps=20_480), [{}], 2, 0)
     one, two = measure_kernel(plan, 1), measure_kernel(plan, 2)
     size = int((one.need(2) + two.need(2)) / 2 / 0.9)
-    r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", str(size), "--no-asha",
-               env=ray_env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 configs x 2 seeds: " in r.stdout and "configurations in sub-batches of 1" in r.stdout
-    root = tmp_path / "cartpole_ppo-smoke"
-    records = [json.loads(p.read_text()) for p in (root / "trials").glob("*.json")]
-    assert len(records) == 2 and all(rec["status"] == "complete" for rec in records), r.stdout
-    assert all(s is not None for rec in records for c in rec["configs"] for s in c["scores"])
+    place, search_plan, lines = _fit(monkeypatch, tmp_path, "cartpole_ppo", str(size))
+    assert any("2 configs x 2 seeds: " in ln and "configurations in sub-batches of 1" in ln for ln in lines), lines
+    assert place.slots == 1 and place.device["checkpoint_seconds"] == 60.0
+    from dataclasses import asdict
+
+    from harness.trainable import shape_of
+
+    # what the trial with that shape reads from its Tune config (harness.kernel.TrialRunner runs
+    # sub-batches to the same results as one batch: tests/test_kernel.py)
+    assert shape_of({"plan": asdict(search_plan), "device": place.device}) == {"config_batch": 1}
 
 
-@pytest.mark.slow
-def test_study__shape_that_cannot_fit_stops_before_any_trial_in_one_line(tmp_path, ray_env):
-    r = _study("snake_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", "64KiB", env=ray_env)
-    _one_error_line(r, "study snake_ppo (network=mlp), 2 configs x 2 seeds: one configuration needs ")
-    assert "usable (64.00 KiB x 0.9); lower --seeds" in r.stderr
-    assert not (tmp_path / "snake_ppo-smoke" / "trials").exists()
+def test_fit_trials__a_shape_that_cannot_fit_stops_the_study_in_one_line(monkeypatch, tmp_path):
+    with pytest.raises(StudyError, match=r"study snake_ppo \(network=mlp\), 2 configs x 2 seeds: one "
+                                         r"configuration needs .* usable \(64.00 KiB x 0.9\); lower --seeds"):
+        _fit(monkeypatch, tmp_path, "snake_ppo", "64KiB")
 
 
 def test_study_cli__device_memory_that_is_not_a_size(tmp_path):
