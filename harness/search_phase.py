@@ -65,7 +65,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     if remaining <= 0:
         return SearchOutcome(progress.done, budget.trials)
     scheduler = asha(settings, budget)
-    sink = RecordSink(folder, progress)
+    sink = RecordSink(folder, progress, ran_before=any(r["status"] != "failed" for r in records))
     searcher = BatchedOptunaSearcher(
         settings.study, ostudy, static_names=settings.static_names, configs_per_trial=budget.configs_per_trial,
         make_plan=plan_factory(settings, budget), extra={"device": placement.device},
@@ -73,7 +73,11 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         is_pruned=lambda tid: scheduler is not None and tid in scheduler.stopped)
     # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
     tuning.run(settings, folder, placement, guard, kind="run", searcher=searcher, scheduler=scheduler,
-               num_samples=remaining, callbacks=[tuning.ProgressCallback(progress)])
+               num_samples=remaining, callbacks=[tuning.ProgressCallback(progress)],
+               halt=lambda: sink.same_failure is not None)
+    if sink.same_failure:
+        raise StudyError(f"every trial failed the same way, so the study stopped: {sink.same_failure} "
+                         f"(records in {folder.root}; fix it, then resume with: {settings.resume_command})")
     return SearchOutcome(progress.done, budget.trials)
 
 
@@ -119,17 +123,30 @@ def resuming_line(recorded: int, stale: int, adopt: list[InFlight]) -> str:
 
 class RecordSink:
     """Where a finished trial's record goes: the folder, the progress line, and (every
-    ``REPORT_EVERY`` s; their cost grows with the trials) the small CSV reports."""
+    ``REPORT_EVERY`` s; their cost grows with the trials) the small CSV reports. Watches for a
+    study whose every trial fails the same way (``same_failure``: after ``FAIL_FAST`` such
+    trials and none that ran, the study stops rather than burn its budget)."""
 
-    def __init__(self, folder: ResultsFolder, progress: Progress) -> None:
+    FAIL_FAST = 2
+
+    def __init__(self, folder: ResultsFolder, progress: Progress, *, ran_before: bool = False) -> None:
         self.folder, self.progress = folder, progress
         self.last_report = -math.inf
+        self.ran = ran_before  # a trial that did not fail: failures are then not the study's own
+        self.failures: list[str] = []
+        self.same_failure: str | None = None
 
     def __call__(self, record: dict[str, Any]) -> None:
         from harness import report
 
         self.folder.record(record)
         self.progress.recorded(record)
+        if record["status"] != "failed":
+            self.ran = True
+        else:
+            self.failures.append(record.get("error") or "no error text")
+            if not self.ran and len(self.failures) >= self.FAIL_FAST and len(set(self.failures)) == 1:
+                self.same_failure = self.failures[0]
         if time.monotonic() - self.last_report >= REPORT_EVERY:  # CSVs while it runs; all of it at the end
             report.build(self.folder, plots=False)
             self.last_report = time.monotonic()

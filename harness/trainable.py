@@ -178,17 +178,17 @@ class StudyTrial(tune.Trainable):
         self.study_name = config.get("study", "")
         self.started = time.perf_counter()
         self.last: dict[str, Any] = {}
-        self.oom: str | None = None
+        self.failure: str | None = None
         self.last_checkpoint = (time.monotonic(), 0)  # (when, after how many chunks)
         self.checkpoint_seconds, self.checkpoints = 0.0, 0
         self.watchdog.busy()
         try:  # compiles on first use of a static config
             self.runner = TrialRunner(self.plan, config_batch=shape_of(config).get("config_batch"))
-        except OutOfMemory as err:
-            self.oom = str(err)
+        except (OutOfMemory, *DETERMINISTIC) as err:
+            self.failure = failure_text(err)
         self.restored_curves = ""
         for path in config.get("resume_from") or []:  # a killed driver's trial, newest checkpoint first
-            if self.oom is None and self._restore(path):
+            if self.failure is None and self._restore(path):
                 break
         self.watchdog.idle()
 
@@ -219,7 +219,7 @@ class StudyTrial(tune.Trainable):
         """Mid-run: the whole kernel (``kernel.msgpack``, ``TrialRunner.snapshot``), so a retried
         trial goes on from here with the same results. At the end: each run's policy parameters,
         ``c{config}_s{seed}.msgpack``."""
-        if self.oom is not None:
+        if self.failure is not None:
             return None
         t = time.perf_counter()
         if not self.runner.done:
@@ -241,7 +241,7 @@ class StudyTrial(tune.Trainable):
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """A retried trial (its worker died): continues from the kernel saved mid-run."""
         path = os.path.join(checkpoint_dir, KERNEL_FILE)
-        if self.oom is None and os.path.exists(path) and not self._restore(path):
+        if self.failure is None and os.path.exists(path) and not self._restore(path):
             raise RuntimeError(f"trial {self.plan.trial}: its checkpoint {path} cannot be read")
 
     def _checkpoint_due(self) -> bool:
@@ -268,15 +268,16 @@ class StudyTrial(tune.Trainable):
         from harness.kernel import OutOfMemory
         from harness.stats import config_score, maximized
 
-        if self.oom is None:
+        if self.failure is None:
             self.watchdog.busy()
             try:
                 r = self.runner.chunk()
-            except OutOfMemory as err:
-                self.oom = str(err)
-        if self.oom is not None:  # a result, not an exception: Tune must not retry the same shape
+                result = self.runner.finish() if self.runner.done else None
+            except (OutOfMemory, *DETERMINISTIC) as err:
+                self.failure = failure_text(err)
+        if self.failure is not None:  # a result, not an exception: Tune must not retry what fails again
             self.watchdog.idle()
-            return {"done": True, "error": self.oom, "score": float("nan")}
+            return {"done": True, "error": self.failure, "score": float("nan")}
         _maybe_crash(self.plan, r.chunk)
         self.last.update(resumed_after_chunk=self.runner.restored_chunks, checkpoints=self.checkpoints,
                          checkpoint_seconds=self.checkpoint_seconds, restored_curves=self.restored_curves)
@@ -296,8 +297,8 @@ class StudyTrial(tune.Trainable):
             self.watchdog.idle()
             return {"score": _best(so_far, diverged, maximize), **self.last,
                     "should_checkpoint": self._checkpoint_due()}
-        result = self.runner.finish()
         self.watchdog.idle()
+        assert result is not None  # the runner is done
         scores, diverged = _floats(result.scores), result.diverged.tolist()
         _export(self.study_name, self.plan.trial, {**per_config, "score": [config_score(row) for row in scores]},
                 r.steps_per_sec)
@@ -306,6 +307,25 @@ class StudyTrial(tune.Trainable):
                 "final_hparams": result.final_hparams,
                 "final": True, "done": True, "compile_seconds": result.compile_seconds,
                 "kernel_seconds": result.kernel_seconds, "trial_seconds": time.perf_counter() - self.started}
+
+
+# What fails the same way on every retry: tracing, shape, type and value errors from the env, the
+# config or the algorithm (JAX's tracing errors are TypeErrors). Out of memory and lost workers or
+# nodes are retried by Tune.
+DETERMINISTIC: tuple[type[BaseException], ...] = (TypeError, ValueError, LookupError, AttributeError,
+                                                   ArithmeticError, NotImplementedError, AssertionError, NameError)
+_BOILERPLATE = ("For simplicity, JAX has removed its internal frames", "-----", "The above exception",
+                "Traceback (most recent call last)", "This BatchTracer with object id")
+
+
+def failure_text(err: BaseException) -> str:
+    """``Type: message``: the exception's type and the first line of its message that is not a
+    framework's boilerplate (what a trial's record and progress line say)."""
+    if err.__class__.__name__ == "OutOfMemory":
+        return str(err)
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    first = next((ln for ln in lines if not ln.startswith(_BOILERPLATE)), "")
+    return f"{type(err).__name__}: {first}"[:300] if first else type(err).__name__
 
 
 def shape_key(static: dict[str, Any]) -> str:

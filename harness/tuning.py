@@ -10,6 +10,8 @@ progress callback over :class:`~harness.progress.Progress`.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from ray import tune
@@ -27,10 +29,11 @@ MAX_FAILURES = 2  # retries of a trial whose worker died (it goes on from its la
 def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
         kind: Literal["run", "final"], searcher: Searcher | None = None, scheduler: Any = None,
         num_samples: int = 1, param_space: dict[str, Any] | None = None,
-        callbacks: list[Any] | None = None) -> tune.ResultGrid:
+        callbacks: list[Any] | None = None, halt: Callable[[], bool] | None = None) -> tune.ResultGrid:
     """Runs one Tune experiment under ``folder/tune/<kind>-K``: the study's trainable, its
-    placement, actor reuse, retries of dead workers, the disk guard's callback and stopper.
-    A final run (``kind="final"``) keeps each trial's last checkpoint: the trained policies.
+    placement, actor reuse, retries of dead workers, the disk guard's callback and stopper
+    (``halt``: another reason to stop the whole run). A final run (``kind="final"``) keeps each
+    trial's last checkpoint: the trained policies.
 
     Raises:
         StudyError: the results disk refused a write meanwhile (the guard's one line).
@@ -47,7 +50,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
                                     trial_dirname_creator=lambda t: folder.tune_trial_dirname(t.trial_id)),
         run_config=tune.RunConfig(
             name=folder.next_run(kind), storage_path=str(folder.tune_dir), verbose=0,
-            callbacks=[*(callbacks or []), DiskWatch(guard)], stop=StopOnDiskError(guard),
+            callbacks=[*(callbacks or []), DiskWatch(guard)], stop=StopOnDiskError(guard, halt),
             failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=kind == "final", num_to_keep=2)))
     grid = tuner.fit()
@@ -56,13 +59,29 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
 
 
 def trial_error(trial: Any) -> str:
-    """The last line of a failed Tune trial's error (Tune's own log of it is turned off)."""
+    """What a failed Tune trial's error says (Tune's own log of it is turned off)."""
     try:
         text = trial.get_error() or ""
     except Exception:  # noqa: BLE001 - the error file may be unreadable (a full disk, say)
         text = ""
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    return lines[-1][:200] if lines else "no error text"
+    return error_line(str(text))
+
+
+_NOISE = ("For simplicity, JAX has removed its internal frames", "-----", "The above exception",
+          "Traceback (most recent call last)", "File \"", "^", "~", "During handling of")
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Died\w*)): (.+)$")
+
+
+def error_line(text: str) -> str:
+    """``Type: message`` from an error's text (a traceback, possibly wrapped by Ray): the last line
+    that names an exception and its message, its type without module path; else the last line
+    that is not a framework's boilerplate; "no error text" when there is none."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if (m := _RAISED.match(ln)) and not m[2].startswith(_NOISE):
+            return f"{m[1].rpartition('.')[2]}: {m[2]}"[:300]
+    useful = [ln for ln in lines if not ln.startswith(_NOISE)]
+    return useful[-1][:300] if useful else "no error text"
 
 
 class GuardedSearcher(Searcher):
@@ -105,16 +124,16 @@ class DiskWatch(tune.Callback):
 
 
 class StopOnDiskError(tune.Stopper):
-    """Ends the whole experiment once the guard has tripped."""
+    """Ends the whole experiment once the guard has tripped (or ``halt`` says so)."""
 
-    def __init__(self, guard: DiskGuard) -> None:
-        self.guard = guard
+    def __init__(self, guard: DiskGuard, halt: Callable[[], bool] | None = None) -> None:
+        self.guard, self.halt = guard, halt
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return self.guard.tripped
+        return self.guard.tripped or bool(self.halt and self.halt())
 
 
 class DiskErrorLog(logging.Filter):

@@ -48,13 +48,14 @@ class FakeTune:
     reporting :func:`fake_result` after each of ``chunks`` chunks (``stop_after``: the whole run
     stops, as on Ctrl-C, after that many trials were proposed; they stay in flight)."""
 
-    def __init__(self, chunks: int = 2, stop_after: int | None = None, value: float = 1.0) -> None:
-        self.chunks, self.stop_after, self.value = chunks, stop_after, value
+    def __init__(self, chunks: int = 2, stop_after: int | None = None, value: float = 1.0,
+                 error: str | None = None) -> None:
+        self.chunks, self.stop_after, self.value, self.error = chunks, stop_after, value, error
         self.configs: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, settings: Settings, folder: ResultsFolder, placement: Placement, guard: Any, *,
-                 kind: str, searcher: Any = None, num_samples: int = 1, **kwargs: Any) -> None:
+                 kind: str, searcher: Any = None, num_samples: int = 1, halt: Any = None, **kwargs: Any) -> None:
         from harness.tuning import GuardedSearcher
 
         self.calls.append({"kind": kind, "num_samples": num_samples, **kwargs})
@@ -67,10 +68,14 @@ class FakeTune:
             self.configs.append(config)
             if self.stop_after is not None and n + 1 >= self.stop_after:
                 break
-            for k in range(1, self.chunks + 1):
+            if self.error:  # what the trainable returns for an error that would fail again
+                result = {"done": True, "error": self.error, "score": float("nan")}
+            for k in range(1, 0 if self.error else self.chunks + 1):
                 result = fake_result(config["plan"], k, self.chunks, value=self.value)
                 searcher.on_trial_result(tid, result)
             searcher.on_trial_complete(tid, result)
+            if halt is not None and halt():
+                break
         guard.raise_if_tripped()
 
 

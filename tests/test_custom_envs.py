@@ -141,7 +141,6 @@ def test_readme_example__custom_env_study_runs_and_learns(tmp_path, ray_env):
     assert best["reevaluation"]["mean"] > 0.8, best["reevaluation"]
 
 
-@pytest.mark.slow
 def write_side_study(folder: Path) -> Path:
     """The README's study as ``folder/side_study.py`` (study "side") whose env comes from the
     module beside it, ``corridor_envs.py`` (a 4-cell corridor); returns the study file."""
@@ -156,13 +155,25 @@ def write_side_study(folder: Path) -> Path:
     return folder / "side_study.py"
 
 
-def test_study_file__env_module_next_to_it_reaches_the_workers(tmp_path, ray_env):
-    write_side_study(tmp_path)
-    r = _study(str(tmp_path / "side_study.py"), "--smoke", "--trials", "1", "--out", str(tmp_path / "out"),
-               env=ray_env)  # run from the repository root: only the study file's folder has the module
-    assert r.returncode == 0, r.stdout + r.stderr
-    best = json.loads((tmp_path / "out" / "side-smoke" / "reports" / "best.json").read_text())
-    assert best["reevaluation"]["mean"] > 0.9  # 3 steps to the exit: 0.98 at best
+def test_study_file__its_folder_reaches_the_embedded_rays_workers(tmp_path, monkeypatch):
+    """The embedded Ray's workers inherit the driver's environment (Ray starts them from it), so
+    a module beside a study file reaches them through PYTHONPATH; on a cluster the folder is
+    shipped as the job's working directory (tests/test_study.py, existing cluster)."""
+    import os
+
+    import ray
+
+    from harness import cluster
+
+    monkeypatch.setattr(os, "environ", {**os.environ, "PYTHONPATH": "/elsewhere"})
+    seen = {}
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw, env=dict(os.environ)) or None)
+    cluster.start(None, code_dir=str(tmp_path))
+    assert seen["env"]["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/elsewhere"]
+    assert "runtime_env" not in seen and seen["_node_ip_address"] == "127.0.0.1"
+    shipped = cluster._shipped_code(str(tmp_path))
+    assert shipped["working_dir"] == str(tmp_path)
+    assert {Path(p).name for p in shipped["py_modules"]} == {"algos", "envs", "harness", "studies"}
 
 
 # -- studies from installed packages ----------------------------------------------------------------

@@ -280,6 +280,43 @@ def test_search_phase__diverged_configurations_are_recorded_as_diverged(tmp_path
     assert configs.diverged.all() and configs["rank"].isna().all()
 
 
+def test_search_phase__a_study_whose_every_trial_fails_the_same_way_stops_in_one_line(tmp_path, monkeypatch,
+                                                                                      capsys):
+    fake = FakeTune(error="TypeError: float() argument must be a string or a real number, not 'Tracer'")
+    with pytest.raises(StudyError, match=r"^every trial failed the same way, so the study stopped: TypeError: "
+                                         r"float\(\) argument .* resume with: python -m harness.study x\)$"):
+        _search(tmp_path, monkeypatch, fake)
+    assert len(fake.configs) == 2  # of 3: the budget is not burnt
+    folder = ResultsFolder(tmp_path / "cartpole_ppo")
+    assert [(r["status"], r["error"]) for r in folder.trials()] == [("failed", fake.error)] * 2
+    assert f"[1/3] trial 0: FAILED: {fake.error}" in capsys.readouterr().out
+
+
+def test_failures__say_the_exception_and_its_message_not_the_frameworks_boilerplate():
+    import jax
+    import jax.numpy as jnp
+
+    from harness.trainable import DETERMINISTIC, failure_text
+    from harness.tuning import error_line
+
+    try:
+        jax.jit(lambda x: float(jnp.min(x)))(jnp.ones(3))
+    except Exception as err:  # what gymnax's spaces did inside the kernel's trace
+        assert isinstance(err, DETERMINISTIC)  # recorded at once, never retried
+        text = failure_text(err)
+    assert text.startswith("ConcretizationTypeError: Abstract tracer value encountered where concrete value is "
+                           "expected"), text
+    ray_text = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in step\n    r = f()\n"
+                "ray.exceptions.RayTaskError(ValueError): ray::cartpole_ppo_trial.train() (pid=1)\n"
+                "ValueError: num_minibatches must divide the batch\n"
+                "--------------------\nFor simplicity, JAX has removed its internal frames from the traceback "
+                "of the following exception. Set JAX_TRACEBACK_FILTERING=off to include these.")
+    assert error_line(ray_text) == "ValueError: num_minibatches must divide the batch"
+    assert error_line("") == "no error text"
+    assert error_line("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.") == (
+        "ActorDiedError: The actor died unexpectedly before finishing this task.")
+
+
 # -- the final phase, its kernels stood in for ------------------------------------------------------
 
 def _final_kernels(tmp_path):
