@@ -296,7 +296,7 @@ def cache_dir() -> str:
     return os.path.join(base, "rl-harness", "jax")
 
 
-def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any = print) -> Placement:
+def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any = None) -> Placement:
     """Measures each static shape's device memory where the trials run (a one-off worker on a
     GPU) and decides trials per device and configurations per sub-batch; the placement with the
     checkpoint cadence. Nothing is measured on a CPU unless ``--device-memory`` states a size.
@@ -308,9 +308,11 @@ def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any
     import math
 
     from harness.placement import fmt_bytes
+    from harness.progress import say as progress_say
     from harness.space import StudyError, label, static_points
     from harness.trainable import probe_shapes, shape_key
 
+    say = say or progress_say
     place = dataclasses.replace(place, device={**place.device, **settings.checkpoint})
     if place.kind == "cpu" and settings.device_bytes is None:
         return place

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import lineage
+from harness import lineage, progress
 from harness.cluster import Placement
 from harness.folder import ResultsFolder
 from harness.guard import DiskGuard
@@ -45,7 +45,7 @@ class Candidate:
 
 
 def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
-        run_plans: RunPlans | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
+        run_plans: RunPlans | None = None, say: Callable[[str], None] = progress.say) -> dict[str, Any] | None:
     """Re-trains the top configurations and the control; returns what it wrote to final.json
     (None when the study keeps no top-k, nothing finished, or final.json is already up to date).
 
@@ -174,6 +174,7 @@ def keep_policies(settings: Settings, folder: ResultsFolder, cid: str, c: Candid
         for s in range(plan.seeds):
             src = Path(res.get("checkpoint") or "") / f"c{i}_s{s}.msgpack"
             if not res.get("checkpoint") or not src.exists():
+                folder.drop_policies(cid)  # never an older re-training's policies under this id
                 return
             # "score": the deterministic evaluation at save time (harness.play repeats it); the
             # objective's value is "objective_value"

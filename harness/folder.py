@@ -57,6 +57,7 @@ class StudyMeta:
     space: dict[str, str] = field(default_factory=dict)  # searched name -> "log", "uniform", "int", "categorical"
     eval_policy: str = "greedy"
     reference: dict[str, Any] | None = None  # {"label", "return"}
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys this version does not know: kept
 
     @property
     def maximize(self) -> bool:
@@ -66,11 +67,13 @@ class StudyMeta:
     def from_dict(cls, data: Any, where: Path) -> StudyMeta:
         if not isinstance(data, dict) or not isinstance(data.get("study"), str):
             raise RecordsError(f"{where} is not a study's study.json (no study name)")
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   extra={k: v for k, v in data.items() if k not in known})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        return {**out.pop("extra"), **out}
 
 
 @dataclass(frozen=True)
@@ -282,6 +285,9 @@ class ResultsFolder:
         for k, src in enumerate(files):
             shutil.copyfile(src, folder / f"seed_{k}.msgpack")
         write_json(folder / "policy.json", policy)
+
+    def drop_policies(self, config_id: str) -> None:
+        shutil.rmtree(self.policy_dir(config_id), ignore_errors=True)
 
     def policy_file(self, config_id: str, seed: int) -> Path:
         return self.policy_dir(config_id) / f"seed_{seed}.msgpack"

@@ -22,7 +22,8 @@ def fmt_params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={label(v)}" for k, v in params.items())
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
+    """Prints ``line`` at once (stdout may be a pipe: a long step follows many lines)."""
     print(line, flush=True)
 
 
@@ -38,7 +39,7 @@ class Progress:
     """
 
     def __init__(self, total: int, *, metric: str, maximize: bool, records: list[dict[str, Any]] | None = None,
-                 say: Callable[[str], None] = _say) -> None:
+                 say: Callable[[str], None] = say) -> None:
         self.total, self.metric, self.maximize, self.say = total, metric, maximize, say
         self.best: tuple[float, str, dict[str, Any]] | None = None
         self.done = 0

@@ -20,6 +20,7 @@ from harness.cluster import Placement
 from harness.folder import InFlight, ResultsFolder, Unreadable
 from harness.guard import DiskGuard
 from harness.progress import Progress
+from harness.progress import say as progress_say
 from harness.settings import Settings
 from harness.space import Budget, StudyError
 
@@ -39,7 +40,7 @@ class SearchOutcome:
 
 
 def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
-        say: Callable[[str], None] = print) -> SearchOutcome:
+        say: Callable[[str], None] = progress_say) -> SearchOutcome:
     """Runs the study's missing trials (all of them for a new study).
 
     Raises:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from harness.folder import ResultsFolder, StudyMeta
 from harness.kernel import SEARCH, TrialPlan
+from harness.records import RecordsError
 from harness.space import PBT, Budget, Categorical, Int, LogUniform, Study, StudyError, static_points
 
 Kind = Literal["cpu", "gpu"]
@@ -151,7 +152,10 @@ def prepare_folder(folder: ResultsFolder, study_name: str, *, fresh: bool) -> tu
             raise StudyError(f"{folder.root} exists and is not a study's results folder; "
                              "choose another --out or use --fresh")
         return None, aside
-    meta = folder.meta()
+    try:
+        meta = folder.meta()
+    except RecordsError as err:
+        raise StudyError(f"{err}; choose another --out or use --fresh") from None
     if meta.study != study_name:
         raise StudyError(f"{folder.root} holds study {meta.study!r}, not {study_name!r}; "
                          "choose another --out or use --fresh")

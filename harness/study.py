@@ -100,14 +100,18 @@ def _resolve(args: argparse.Namespace, resume: str) -> tuple[Settings, ResultsFo
 
     study = studies.get(args.name)
     folder = ResultsFolder(Path(args.out).resolve() / (study.name + ("-smoke" if args.smoke else "")))
-    stored, aside = prepare_folder(folder, study.name, fresh=args.fresh)
-    if aside:
-        print(f"kept the previous results aside in {aside}")
     options = Options(trials=args.trials, configs_per_trial=args.configs_per_trial, seeds=args.seeds,
                       timesteps=args.timesteps, scheduler="none" if args.no_asha else args.scheduler,
                       checkpoint_every=args.checkpoint_every, device_memory=args.device_memory,
                       sampler=args.sampler, storage=args.storage, address=args.address, smoke=args.smoke,
                       fresh=args.fresh)
+    if args.fresh:  # checked in full before the old results are moved aside
+        settings = resolve(study, options, stored=None, folder=folder, resume_command=resume)
+        stored, aside = prepare_folder(folder, study.name, fresh=True)
+        if aside:
+            print(f"kept the previous results aside in {aside}")
+        return settings, folder, stored
+    stored, _ = prepare_folder(folder, study.name, fresh=False)
     return resolve(study, options, stored=stored, folder=folder, resume_command=resume), folder, stored
 
 

@@ -57,6 +57,7 @@ def test_folder__study_json_reads_back_with_defaults_for_what_older_versions_lef
                                reference={"label": "random play", "return": -1.0}, budget={"trials": 2})
     f.write_meta(full)
     assert f.meta() == full and not full.maximize
+    assert json.loads(f.study_file.read_text())["from_the_future"] == 1  # what a newer version wrote is kept
     write_json(f.study_file, ["not", "a", "study"])
     with pytest.raises(RecordsError, match="is not a study's study.json"):
         f.meta()
@@ -391,6 +392,19 @@ def test_study_cli__ctrl_c_before_any_record_prints_the_resume_line(tmp_path, mo
     err = capsys.readouterr().err
     assert f"Resume with: python -m harness.study cartpole_ppo --smoke --out {tmp_path}\n" in err
     assert "Traceback" not in err
+
+
+def test_study_cli__fresh_with_a_study_that_cannot_work_leaves_the_old_results_where_they_are(tmp_path, capsys):
+    from harness import study as cli
+
+    (tmp_path / "bad.py").write_text(
+        "from harness.space import *\n"
+        "STUDY = Study(name='bad', description='d', env='CartPole-v1', algo='nope', space={}, "
+        "cpu=Budget(1, 1, 1, 64), gpu=Budget(1, 1, 1, 64), smoke=Budget(1, 1, 1, 64))\n")
+    ResultsFolder(tmp_path / "out" / "bad").write_meta(StudyMeta(study="bad"))
+    assert cli.main([str(tmp_path / "bad.py"), "--fresh", "--out", str(tmp_path / "out")]) == 2
+    assert "error: study bad: unknown algo 'nope'; known algos: ppo, sac" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["bad"]
 
 
 # -- the shape of the driver ----------------------------------------------------------------------
