@@ -30,7 +30,7 @@ TINY = {
                       "ratio wall time tune-pbt/kernel-pbt:"),
     "checkpoint_cost.py": (["--studies", "cartpole_ppo", "--chunks", "1"],
                            "ratio wall time checkpoint-every-chunk/bare:"),
-    "study_load.py": (["--trials", "8"], "ratio last/first:"),
+    "study_load.py": (["--trials", "4"], "ratio last/first:"),
     "brax_ppo.py": (["--timesteps", "10240", "--configs", "1"], "ratio us/brax:"),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1"], "ratio evals/min us/naive:"),
@@ -46,7 +46,9 @@ def test_bench__every_script_is_covered():
 @pytest.mark.parametrize("script", sorted(TINY))
 def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script):
     args, expect = TINY[script]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    from tests.conftest import fast_compile_env
+
+    env = fast_compile_env({**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
     env.pop("PYTHONPATH", None)  # as a user runs it: the package comes from the installed project
     r = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)

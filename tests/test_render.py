@@ -55,6 +55,39 @@ def test_render__a_brax_robot_is_drawn_from_its_states_and_follows_them():
     assert not np.array_equal(frames[0], frames[-1]), "the picture follows the robot"
 
 
+def test_play__a_kept_robot_policy_is_re_evaluated_and_drawn_by_mujoco_at_most_200_frames(tmp_path):
+    """What ``harness.play`` does with a Brax study's kept policy (ant_ppo's smoke study keeps
+    one the same way), on the cheapest robot: an untrained policy on the inverted pendulum."""
+    pytest.importorskip("brax")
+    from dataclasses import asdict
+
+    from flax import serialization
+    from PIL import Image
+
+    from algos.ppo import PPOHParams
+    from harness.folder import ResultsFolder
+    from harness.kernel import FINAL, TrialPlan, build_config, make_algo
+    from harness.play import play
+
+    env_name, static = "brax:inverted_pendulum", dict(num_envs=2, num_steps=8, hidden=[16, 16], eval_episodes=1,
+                                                      normalize_observations=True, squash="tanh")
+    algo = make_algo(env_name, "ppo", build_config("ppo", static))
+    params = algo.policy_params(jax.jit(algo.init)(jax.random.key(0), PPOHParams.default()))
+    (tmp_path / "p.msgpack").write_bytes(serialization.to_bytes(params))
+    plan = TrialPlan(env_name, "ppo", static, [{}], 1, 0, stream=FINAL)
+    ResultsFolder(tmp_path).keep_policies("t0000c0", [tmp_path / "p.msgpack"], {
+        "config_id": "t0000c0", "study": "s", "env": env_name, "algo": "ppo", "config": static, "hparams": {},
+        "seeds": [{"seed": 0, "score": 0.0, "plan": asdict(plan), "config_index": 0, "seed_index": 0}]})
+    out = play(tmp_path, gif=tmp_path / "robot.gif")
+    assert 1 <= out["frames"] <= 200 and out["steps"] >= 1
+    with Image.open(tmp_path / "robot.gif") as im:
+        assert im.n_frames == out["frames"] and im.size == (320, 240)
+        first = np.asarray(im.convert("RGB"))
+        im.seek(im.n_frames - 1)
+        last = np.asarray(im.convert("RGB"))
+    assert first.std() > 10 and (out["frames"] == 1 or not np.array_equal(first, last))
+
+
 def test_render__no_opengl_for_mujoco_is_one_clear_error(tmp_path):
     pytest.importorskip("brax")
     import subprocess

@@ -15,7 +15,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import optuna
 import pandas as pd
 import pytest
@@ -302,21 +301,8 @@ def test_study__robot_study_smoke_runs(tmp_path, ray_env):
     # Ant earns 1 per step for staying up: a run that fell at once would score far lower
     assert best["reevaluation"]["mean"] > 300, best["reevaluation"]
     assert best["reproduce"]["command"].count("--env brax:ant:positional") == 1
-    # and it can be watched: MuJoCo draws the robot from its states (headless OpenGL)
-    gif = tmp_path / "ant.gif"
-    r = subprocess.run([sys.executable, "-m", "harness.play", str(tmp_path / "ant_ppo-smoke"), "--gif", str(gif)],
-                       capture_output=True, text=True, timeout=600, env=ray_env, cwd=ROOT)
-    assert r.returncode == 0, r.stdout + r.stderr
-    frames = re.search(r"wrote .* \((\d+) frames\)", r.stdout)
-    assert frames and 100 <= int(frames[1]) <= 200, r.stdout  # <= 200 frames, evenly spaced over the episode
-    from PIL import Image
-
-    with Image.open(gif) as im:
-        assert im.n_frames == int(frames[1]) and im.size == (320, 240)
-        first = np.asarray(im.convert("RGB"))
-        im.seek(im.n_frames - 1)
-        last = np.asarray(im.convert("RGB"))
-    assert first.std() > 10 and not np.array_equal(first, last)
+    assert ResultsFolder(tmp_path / "ant_ppo-smoke").kept_policies() == [best["config_id"]]
+    # watching it (harness.play draws a kept robot policy with MuJoCo): tests/test_render.py
 
 
 @pytest.mark.slow
