@@ -4,6 +4,7 @@ stand-in for Ray Tune that drives a searcher the way Tune does (suggest, results
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,9 @@ class FakeTune:
     stops, as on Ctrl-C, after that many trials were proposed; they stay in flight)."""
 
     def __init__(self, chunks: int = 2, stop_after: int | None = None, value: float = 1.0,
-                 error: str | None = None) -> None:
+                 error: str | None = None, copies: dict[int, int] | None = None) -> None:
         self.chunks, self.stop_after, self.value, self.error = chunks, stop_after, value, error
+        self.copies = copies or {}  # population-based training after chunk 1: {lane: the lane it copies}
         self.configs: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
 
@@ -72,11 +74,23 @@ class FakeTune:
                 result = {"done": True, "error": self.error, "score": float("nan")}
             for k in range(1, 0 if self.error else self.chunks + 1):
                 result = fake_result(config["plan"], k, self.chunks, value=self.value)
+                if k == 1 and self.copies:
+                    result["pbt"] = json.dumps(self.exploit(config["plan"]))
                 searcher.on_trial_result(tid, result)
             searcher.on_trial_complete(tid, result)
             if halt is not None and halt():
                 break
         guard.raise_if_tripped()
+
+
+    def exploit(self, plan: dict[str, Any]) -> dict[str, Any]:
+        """The exploit/explore event after chunk 1: each lane in ``copies`` takes the other's
+        network and its learning rate doubled."""
+        source = [self.copies.get(i, i) for i in range(len(plan["hparams"]))]
+        hparams = [dict(plan["hparams"][s], lr=plan["hparams"][s]["lr"] * (2 if s != i else 1))
+                   for i, s in enumerate(source)]
+        fitness = [float(i) for i in range(len(source))]
+        return {"chunk": 1, "source": source, "fitness": fitness, "hparams": hparams}
 
 
 def small(study: Study, **budget: int) -> Study:

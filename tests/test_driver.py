@@ -370,6 +370,32 @@ def test_final_phase__the_top_configurations_and_the_control_train_on_the_same_f
     assert lines[5].startswith(f"reports: {folder.reports_dir}/ (configs.csv, seeds.csv, curves.csv, final.csv, ")
 
 
+def test_phases__population_based_training_is_kept_out_of_tpe_and_its_schedules_are_replayed(tmp_path,
+                                                                                            monkeypatch):
+    study = small(studies.get("cartpole_ppo"), trials=1, configs_per_trial=4, timesteps=30720)
+    settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune(copies={3: 0}), study=study, scheduler="pbt")
+    (record,) = folder.trials()
+    assert record["pbt"] == settings.pbt() and [c["chunk"] for c in record["curves"] if c.get("pbt")] == [1]
+    trials = _optuna(folder)
+    assert {t.state.name for t in trials} == {"FAIL"}  # hyperparameters changed mid-run: kept out of TPE ...
+    assert [t.user_attrs["pbt_value"] for t in trials] == [10.0, 11.0, 12.0, 13.0]  # ... but kept
+    paths = report.build(folder)
+    import pandas as pd
+
+    pbt = pd.read_csv(paths["pbt"])
+    assert len(pbt) == 4 * 2 and pbt.copied.sum() == 1 and paths["pbt_png"].read_bytes()[:4] == b"\x89PNG"
+    run_plans, _ = _final_kernels(tmp_path)
+    final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
+    copied = next(c for c in final["configs"] if c["config_id"] == "t0000c3")
+    lr = record["configs"][0]["hparams"]["lr"]  # c3 trained with c0's network: c0's values, then its own
+    assert copied["hparams"]["lr"] == lr and copied["lineage"] == ["t0000c0", "t0000c3"]
+    assert copied["schedule"] == [{"chunk": 1, "hparams": {**record["configs"][0]["hparams"], "lr": 2 * lr}}]
+    assert copied["plans"][0]["plan"]["schedule"][0]["chunk"] == 1
+    assert f"--schedule {folder.schedule_file('t0000c3')}" in copied["command"]
+    assert json.loads(folder.schedule_file("t0000c3").read_text()) == copied["schedule"]
+    assert not any(c.get("schedule") for c in final["configs"] if c["config_id"] != "t0000c3")
+
+
 # -- empty and interrupted studies ------------------------------------------------------------------
 
 def test_report__a_study_with_no_record_yet_builds_its_reports(tmp_path):

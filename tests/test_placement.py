@@ -4,6 +4,8 @@ line, one that cannot fit at all."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.kernel import TrialPlan
@@ -124,6 +126,33 @@ def test_fit_trials__a_shape_that_cannot_fit_stops_the_study_in_one_line(monkeyp
     with pytest.raises(StudyError, match=r"study snake_ppo \(network=mlp\), 2 configs x 2 seeds: one "
                                          r"configuration needs .* usable \(64.00 KiB x 0.9\); lower --seeds"):
         _fit(monkeypatch, tmp_path, "snake_ppo", "64KiB")
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_study__shape_larger_than_the_stated_device_runs_in_sub_batches(tmp_path, ray_env):
+    # cartpole_ppo's smoke shape (2 configs x 2 seeds), given room for one configuration only
+    plan = TrialPlan("CartPole-v1", "ppo", dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10,
+                                                num_minibatches=4, total_timesteps=20_480), [{}], 2, 0)
+    one, two = measure_kernel(plan, 1), measure_kernel(plan, 2)
+    size = int((one.need(2) + two.need(2)) / 2 / 0.9)
+    r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", str(size), "--no-asha",
+               env=ray_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 configs x 2 seeds: " in r.stdout and "configurations in sub-batches of 1" in r.stdout
+    root = tmp_path / "cartpole_ppo-smoke"
+    records = [json.loads(p.read_text()) for p in (root / "trials").glob("*.json")]
+    assert len(records) == 2 and all(rec["status"] == "complete" for rec in records), r.stdout
+    assert all(s is not None for rec in records for c in rec["configs"] for s in c["scores"])
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_study__shape_that_cannot_fit_stops_before_any_trial_in_one_line(tmp_path, ray_env):
+    r = _study("snake_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", "64KiB", env=ray_env)
+    _one_error_line(r, "study snake_ppo (network=mlp), 2 configs x 2 seeds: one configuration needs ")
+    assert "usable (64.00 KiB x 0.9); lower --seeds" in r.stderr
+    assert not (tmp_path / "snake_ppo-smoke" / "trials").exists()
 
 
 def test_study_cli__device_memory_that_is_not_a_size(tmp_path):

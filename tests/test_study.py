@@ -306,6 +306,7 @@ def test_study__robot_study_smoke_runs(tmp_path, ray_env):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_study__population_based_training_end_to_end(tmp_path, ray_env):
     r = _study("cartpole_ppo", "--scheduler", "pbt", "--trials", "1", "--configs-per-trial", "4", "--seeds", "2",
                "--timesteps", "30720", "--out", str(tmp_path), env=ray_env)
@@ -343,7 +344,7 @@ def _fault_once(args: list[str], env: dict, ready, fault) -> subprocess.Complete
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _kill_then_resume(tmp_path, env, sig):
+def _interrupt_then_resume(tmp_path, env, sig):
     args = ["cartpole_ppo", *TINY, "--out", str(tmp_path), "--checkpoint-every", "1chunk"]
     root = tmp_path / "cartpole_ppo"
 
@@ -364,13 +365,17 @@ def _kill_then_resume(tmp_path, env, sig):
     out = first.stdout + first.stderr
     kept = {p.name: p.read_text() for p in (root / "trials").glob("*.json")}
     assert 1 <= len(kept) < 3, out
-    assert first.returncode == -signal.SIGKILL
-    assert _ray_processes(env["RAY_TMPDIR"])  # a SIGKILLed driver leaves Ray processes behind ...
+    if sig == signal.SIGINT:
+        assert first.returncode == 130, out
+        assert "Resume with: python -m harness.study cartpole_ppo" in out
+    else:
+        assert first.returncode == -signal.SIGKILL
+        assert _ray_processes(env["RAY_TMPDIR"])  # a SIGKILLed driver leaves Ray processes behind ...
     r = _study(*args, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resuming: {len(kept)} trials recorded" in r.stdout
-    # ... which the next run stops (the fixture checks that none is left)
-    assert "Ray processes a killed run of this study left behind" in r.stdout, r.stdout
+    if sig == signal.SIGKILL:  # ... which the next run stops (the fixture checks that none is left)
+        assert "Ray processes a killed run of this study left behind" in r.stdout, r.stdout
     records = ResultsFolder(root).trials()
     assert len(records) == 3
     assert all((root / "trials" / name).read_text() == text for name, text in kept.items())  # not re-run
@@ -394,8 +399,14 @@ def _kill_then_resume(tmp_path, env, sig):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
+def test_study__sigint_then_same_command_finishes_without_rerunning(tmp_path, ray_env):
+    _interrupt_then_resume(tmp_path, ray_env, signal.SIGINT)
+
+
+@pytest.mark.slow
 def test_study__sigkill_then_same_command_finishes_without_rerunning(tmp_path, ray_env):
-    _kill_then_resume(tmp_path, ray_env, signal.SIGKILL)
+    _interrupt_then_resume(tmp_path, ray_env, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -498,6 +509,23 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
     finally:
         for mounted in (disk, keep, disk):
             subprocess.run(["umount", "-l", str(mounted)], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_study__diverging_configurations_are_recorded_as_diverged(tmp_path, ray_env):
+    f = _write_study(tmp_path / "explode.py", """
+        STUDY = Study(name="explode", description="lr far too large", env="CartPole-v1", algo="ppo",
+                      space=dict(lr=LogUniform(1e2, 1e3)), config=dict(updates_per_chunk=2),
+                      cpu=Budget(1, 2, 2, 4096), gpu=Budget(1, 2, 2, 4096), smoke=Budget(1, 2, 2, 4096))
+    """)
+    r = _study(str(f), "--out", str(tmp_path), "--no-asha", env=ray_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all configs diverged" in r.stdout
+    configs = pd.read_csv(tmp_path / "explode" / "reports" / "configs.csv")
+    assert configs.diverged.all() and configs["rank"].isna().all()
+    ostudy = optuna.load_study(study_name="explode", storage=f"sqlite:///{tmp_path / 'explode' / 'optuna.db'}")
+    assert [t.state.name for t in ostudy.trials] == ["FAIL", "FAIL"]
 
 
 @pytest.mark.slow
