@@ -91,12 +91,15 @@ def _fit(monkeypatch, tmp_path, name, device_memory):
     """``cluster.fit_trials`` for study ``name``'s smoke budget with ``--device-memory``, its
     one-off probe run in this process instead of a Ray worker; (placement, search plan, lines)."""
     import studies
-    from harness import cluster, trainable
+    from harness import cluster, placement, trainable
     from harness.search_phase import plan_factory
     from tests.driver import CPU, settings_for
 
     monkeypatch.setattr(trainable, "setup_process", lambda device: None)
     monkeypatch.setattr(cluster, "run_once", lambda fn, *args, gpu: fn(*args))
+    # 1 MiB per configuration, state included (the measurement itself: test_measure_kernel__...)
+    monkeypatch.setattr(placement, "measure_kernel", lambda plan, width: KernelMemory(width, 2**19 * width,
+                                                                                      2**20 * width))
     settings = settings_for(studies.get(name), tmp_path, smoke=True, device_memory=device_memory)
     budget, lines = settings.budget("cpu"), []
     place = cluster.fit_trials(settings, budget, CPU, say=lines.append)
@@ -106,11 +109,7 @@ def _fit(monkeypatch, tmp_path, name, device_memory):
 
 def test_fit_trials__a_shape_larger_than_the_stated_device_runs_its_trials_in_sub_batches(monkeypatch, tmp_path):
     # cartpole_ppo's smoke shape (2 configs x 2 seeds), given room for one configuration only
-    plan = TrialPlan("CartPole-v1", "ppo", dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10,
-                                                num_minibatches=4, total_timesteps=20_480), [{}], 2, 0)
-    one, two = measure_kernel(plan, 1), measure_kernel(plan, 2)
-    size = int((one.need(2) + two.need(2)) / 2 / 0.9)
-    place, search_plan, lines = _fit(monkeypatch, tmp_path, "cartpole_ppo", str(size))
+    place, search_plan, lines = _fit(monkeypatch, tmp_path, "cartpole_ppo", "1.7MiB")
     assert any("2 configs x 2 seeds: " in ln and "configurations in sub-batches of 1" in ln for ln in lines), lines
     assert place.slots == 1 and place.device["checkpoint_seconds"] == 60.0
     from dataclasses import asdict
@@ -124,7 +123,7 @@ def test_fit_trials__a_shape_larger_than_the_stated_device_runs_its_trials_in_su
 
 def test_fit_trials__a_shape_that_cannot_fit_stops_the_study_in_one_line(monkeypatch, tmp_path):
     with pytest.raises(StudyError, match=r"study snake_ppo \(network=mlp\), 2 configs x 2 seeds: one "
-                                         r"configuration needs .* usable \(64.00 KiB x 0.9\); lower --seeds"):
+                                         r"configuration needs 1.00 MiB .* usable \(64.00 KiB x 0.9\); lower --seeds"):
         _fit(monkeypatch, tmp_path, "snake_ppo", "64KiB")
 
 
