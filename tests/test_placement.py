@@ -123,7 +123,8 @@ def test_fit_trials__a_shape_larger_than_the_stated_device_runs_its_trials_in_su
 
 def test_fit_trials__a_shape_that_cannot_fit_stops_the_study_in_one_line(monkeypatch, tmp_path):
     with pytest.raises(StudyError, match=r"study snake_ppo \(network=mlp\), 2 configs x 2 seeds: one "
-                                         r"configuration needs 1.00 MiB .* usable \(64.00 KiB x 0.9\); lower --seeds"):
+                                         r"configuration needs 1.00 MiB .* usable \(64.00 KiB x 0.9\); "
+                                         r"lower --seeds"):
         _fit(monkeypatch, tmp_path, "snake_ppo", "64KiB")
 
 
