@@ -276,17 +276,18 @@ def session(settings: Settings, folder: ResultsFolder) -> Iterator[tuple[str | N
     Raises:
         ClusterError: Ray cannot be started or reached, or another driver runs this study.
     """
-    import ray
-
     if not settings.address:
         stop_leftovers(folder.session_file)
     source = settings.study.source
+    # start() sets the variables Ray reads when it is first imported: no import of ray before it
     dashboard, metrics = start(settings.address, code_dir=source and os.path.dirname(source))
     try:
         if not settings.address:
             note_session(folder.session_file)
         yield dashboard, metrics
     finally:
+        import ray
+
         ray.shutdown()
 
 

@@ -452,6 +452,27 @@ def test_driver__no_module_but_the_folder_builds_paths_inside_a_results_folder()
     assert offenders == []
 
 
+def test_study_cli__ray_is_first_imported_after_its_variables_are_set(tmp_path):
+    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER (every port on loopback) and RAY_AUTH_MODE when
+    it is first imported: nothing on the way to ``cluster.start`` may import it."""
+    code = f"""
+import sys
+from harness import cluster, study
+from harness.cluster import ClusterError
+
+def start(address, code_dir=None):
+    print("ray imported before cluster.start:", "ray" in sys.modules)
+    raise ClusterError("stop here")
+
+cluster.start = start
+sys.exit(study.main(["cartpole_ppo", "--smoke", "--out", {str(tmp_path)!r}]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and "error: stop here" in r.stderr, r.stdout + r.stderr
+    assert "ray imported before cluster.start: False" in r.stdout, r.stdout
+
+
 def test_core_and_driver_units__import_without_starting_ray():
     code = ("import harness.folder, harness.settings, harness.guard, harness.progress, harness.summary, sys; "
             "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))")
