@@ -314,7 +314,7 @@ class StudyTrial(tune.Trainable):
 # nodes are retried by Tune.
 DETERMINISTIC: tuple[type[BaseException], ...] = (TypeError, ValueError, LookupError, AttributeError,
                                                    ArithmeticError, NotImplementedError, AssertionError, NameError)
-_BOILERPLATE = ("For simplicity, JAX has removed its internal frames", "-----", "The above exception",
+BOILERPLATE = ("For simplicity, JAX has removed its internal frames", "-----", "The above exception",
                 "Traceback (most recent call last)", "This BatchTracer with object id")
 
 
@@ -324,7 +324,7 @@ def failure_text(err: BaseException) -> str:
     if err.__class__.__name__ == "OutOfMemory":
         return str(err)
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    first = next((ln for ln in lines if not ln.startswith(_BOILERPLATE)), "")
+    first = next((ln for ln in lines if not ln.startswith(BOILERPLATE)), "")
     return f"{type(err).__name__}: {first}"[:300] if first else type(err).__name__
 
 

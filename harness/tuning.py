@@ -22,6 +22,7 @@ from harness.folder import ResultsFolder
 from harness.guard import DiskGuard
 from harness.progress import Progress
 from harness.settings import Settings
+from harness.trainable import BOILERPLATE
 
 MAX_FAILURES = 2  # retries of a trial whose worker died (it goes on from its last checkpoint)
 
@@ -67,8 +68,7 @@ def trial_error(trial: Any) -> str:
     return error_line(str(text))
 
 
-_NOISE = ("For simplicity, JAX has removed its internal frames", "-----", "The above exception",
-          "Traceback (most recent call last)", "File \"", "^", "~", "During handling of")
+_NOISE = (*BOILERPLATE, "File \"", "^", "~", "During handling of")
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Died\w*)): (.+)$")
 
 
