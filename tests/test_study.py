@@ -579,7 +579,7 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
     port = _free_port()
     env = {**ray_env, "RL_HARNESS_METRICS_PORT": str(port)}
     proc = subprocess.Popen([sys.executable, "-m", "harness.study", "cartpole_ppo", *TINY, "--trials", "2",
-                             "--timesteps", "150000", "--out", str(tmp_path)],
+                             "--timesteps", "3000000", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
     lines = []
     while not any(ln.startswith("Prometheus metrics:") for ln in lines):
@@ -613,8 +613,10 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
             if rows:
                 found_metrics = rows
     finally:
+        running = proc.poll() is None  # 3M steps a trial: minutes, where finding the actors takes seconds
         proc.send_signal(signal.SIGINT)  # Ctrl-C mid-study: Tune stops the trials, the driver says how to go on
         rest = proc.communicate(timeout=120)[0]
+    assert running, "the study ended before Ctrl-C; give it more steps"
     assert proc.returncode == 130, rest
     assert "Resume with: python -m harness.study cartpole_ppo" in rest, rest
     assert found_actors, "no actor of class cartpole_ppo_trial"
