@@ -21,7 +21,6 @@ from harness.kernel import SEARCH, TrialPlan
 from harness.records import RecordsError
 from harness.space import PBT, Budget, Categorical, Int, LogUniform, Study, StudyError, static_points
 
-Kind = Literal["cpu", "gpu"]
 RESUME_FIXED = ("configs_per_trial", "seeds", "timesteps")  # budget values a resumed study keeps
 
 
@@ -40,7 +39,6 @@ class Options:
     storage: str | None = None
     address: str | None = None
     smoke: bool = False
-    fresh: bool = False
 
     def given(self) -> dict[str, int | None]:
         return {"trials": self.trials, "configs_per_trial": self.configs_per_trial, "seeds": self.seeds,

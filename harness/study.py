@@ -103,8 +103,7 @@ def _resolve(args: argparse.Namespace, resume: str) -> tuple[Settings, ResultsFo
     options = Options(trials=args.trials, configs_per_trial=args.configs_per_trial, seeds=args.seeds,
                       timesteps=args.timesteps, scheduler="none" if args.no_asha else args.scheduler,
                       checkpoint_every=args.checkpoint_every, device_memory=args.device_memory,
-                      sampler=args.sampler, storage=args.storage, address=args.address, smoke=args.smoke,
-                      fresh=args.fresh)
+                      sampler=args.sampler, storage=args.storage, address=args.address, smoke=args.smoke)
     if args.fresh:  # checked in full before the old results are moved aside
         settings = resolve(study, options, stored=None, folder=folder, resume_command=resume)
         stored, aside = prepare_folder(folder, study.name, fresh=True)
