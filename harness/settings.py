@@ -190,6 +190,8 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
                         checkpoint=checkpoint, device_bytes=device_bytes, sampler=options.sampler,
                         storage=options.storage or folder.optuna_url(), address=options.address,
                         smoke=options.smoke, resume_command=resume_command)
+    if options.smoke:
+        settings = _smoke_statics(settings)
     fields = set(settings.config_fields)
     for budget in dict.fromkeys(budgets.values()):
         validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)
@@ -219,6 +221,21 @@ def resolve_budget(study: Study, options: Options, kind: str, stored: StudyMeta 
         if given["trials"] is None:
             values["trials"] = stored.budget["trials"]
     return Budget(**values)
+
+
+def _smoke_statics(settings: Settings) -> Settings:
+    """``--smoke``: the static (shape-changing) choices fixed at the control's values, so the whole
+    smoke run (search trials, re-training, control) compiles one kernel shape, once; the searched
+    hyperparameters are still searched. (A Brax Ant smoke run: one Ant compile instead of two.)"""
+    statics = settings.static_names
+    if not statics or len(statics) == len(settings.study.space):  # nothing else to search: keep them
+        return settings
+    params, _, _ = settings.control(1)
+    s = settings.study
+    study = dataclasses.replace(s, config={**s.config, **{n: params[n] for n in statics}},
+                                space={k: v for k, v in s.space.items() if k not in statics},
+                                baseline={k: v for k, v in s.baseline.items() if k not in statics})
+    return dataclasses.replace(settings, study=study)
 
 
 def _smoke_pbt(study: Study, budgets: dict[str, Budget], spec: Any) -> tuple[Study, dict[str, Budget]]:

@@ -135,6 +135,17 @@ def test_settings__smoke_runs_with_population_based_training_for_every_study(tmp
     assert 1 <= s.pbt()["interval"] < min(s.chunks(budget))
 
 
+def test_settings__smoke_fixes_static_choices_at_the_controls_so_one_kernel_shape_compiles(tmp_path):
+    for name, fixed in (("snake_ppo", {"network": "mlp"}), ("cartpole_ppo", {"num_minibatches": 4})):
+        study = studies.get(name)
+        s = settings_for(study, tmp_path, smoke=True)
+        assert s.static_names == [] and s.study.config.items() >= fixed.items()
+        assert set(s.study.space) == set(study.space) - set(fixed)  # the rest is still searched
+        params, static, _ = s.control(1000)
+        assert static.items() >= fixed.items() and params.keys() == s.study.space.keys()
+        assert settings_for(study, tmp_path).static_names == list(fixed)  # not without --smoke
+
+
 def test_settings__the_folder_must_be_this_studys_or_new(tmp_path):
     folder = ResultsFolder(tmp_path / "cartpole_ppo")
     assert prepare_folder(folder, "cartpole_ppo", fresh=False) == (None, None)
