@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, NamedTuple
 
+import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,7 @@ from algos.common import (
 from algos.gae import gae
 from algos.networks import Activation, ActorCritic, Network, TransformerActorCritic, ppo_distribution
 from algos.normalize import RunningStats
-from envs import Box, Discrete, Environment
+from envs import Box, Discrete, Environment, MultiDiscrete
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +182,9 @@ def network(config: PPOConfig, env: Environment, env_params: Any) -> nn.Module:
     space = env.action_space(env_params)
     obs_shape = env.observation_space(env_params).shape
     if config.network == "mlp":
+        if isinstance(space, MultiDiscrete):  # one row of logits per sub-action
+            return ActorCritic(len(space.nvec) * space.width, True, config.hidden, config.activation,
+                               obs_ndim=len(obs_shape))
         action_dim = space.n if isinstance(space, Discrete) else space.shape[0]
         return ActorCritic(action_dim, isinstance(space, Discrete), config.hidden, config.activation,
                            obs_ndim=len(obs_shape))
@@ -192,9 +196,15 @@ def network(config: PPOConfig, env: Environment, env_params: Any) -> nn.Module:
 
 
 def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
-    """Builds PPO's pure functions for one environment and static config."""
+    """Builds PPO's pure functions for one environment and static config.
+
+    The spaces are asked for here, once, outside any trace (an env's space may be computed from
+    its params, which are traced inside the kernel).
+    """
     space = env.action_space(env_params)
-    discrete = isinstance(space, Discrete)
+    obs_shape = env.observation_space(env_params).shape
+    discrete = isinstance(space, Discrete | MultiDiscrete)
+    multi = space if isinstance(space, MultiDiscrete) else None
     net = network(config, env, env_params)
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
     reset_envs = jax.vmap(env.reset, (0, None))
@@ -204,6 +214,14 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         """(mask the policy obeys, the env's own mask): ``[N, A]`` each, or None."""
         mask = env_masks(env_state, env_params)
         return (mask if config.use_action_mask else None), mask
+
+    def distribution(pi_out: jax.Array, log_std: jax.Array | None, mask: jax.Array | None) -> distrax.Distribution:
+        """The policy: a categorical (one per sub-action for MultiDiscrete) or a Gaussian."""
+        if multi is None:
+            return ppo_distribution(pi_out, log_std, mask)
+        logits = pi_out.reshape(*pi_out.shape[:-1], len(multi.nvec), multi.width)
+        legal = multi.valid() if mask is None else mask & multi.valid()
+        return distrax.Independent(distrax.Categorical(logits=jnp.where(legal, logits, -1e9)), 1)
 
     def env_action(action: jax.Array) -> jax.Array:
         """The env's action for the policy's (a Gaussian sample or mean, pre-squash for tanh)."""
@@ -227,7 +245,6 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
 
     def init(key: jax.Array, hp: PPOHParams) -> PPOState:
         k_net, k_env, k_run = jax.random.split(key, 3)
-        obs_shape = env.observation_space(env_params).shape
         params = net.init(k_net, jnp.zeros(obs_shape))
         obs, env_state = reset_envs(jax.random.split(k_env, config.num_envs), env_params)
         stats = RunningStats.empty(obs_shape) if config.normalize_observations else None
@@ -240,10 +257,10 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
             k_act, k_env = jax.random.split(key)
             pi_out, log_std, value = apply(carry.params, carry.obs_stats, carry.obs)
             mask, env_mask = policy_mask(carry.env_state)
-            dist = ppo_distribution(pi_out, log_std, mask)
+            dist = distribution(pi_out, log_std, mask)
             action = dist.sample(seed=k_act)
-            illegal = (jnp.float32(0.0) if env_mask is None
-                       else 1.0 - jnp.take_along_axis(env_mask, action[:, None], -1).mean())
+            illegal = (jnp.float32(0.0) if env_mask is None  # a fraction of (sub-)actions
+                       else 1.0 - jnp.take_along_axis(env_mask, action[..., None], -1).mean())
             s = step_envs(jax.random.split(k_env, config.num_envs), carry.env_state,
                           env_action(action), env_params)
             tracker, fin = track_episodes(carry.tracker, s.reward, s.done)
@@ -260,7 +277,7 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
                 stats: RunningStats | None) -> tuple[jax.Array, tuple]:
         traj, adv, targets = batch
         pi_out, log_std, value = apply(params, stats, traj.obs)
-        dist = ppo_distribution(pi_out, log_std, traj.mask)  # the rollout's mask: same support
+        dist = distribution(pi_out, log_std, traj.mask)  # the rollout's mask: same support
         log_ratio = dist.log_prob(traj.action) - traj.log_prob
         ratio = jnp.exp(log_ratio)
         if config.normalize_advantages:
@@ -336,10 +353,13 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         if config.eval_policy == "sample":
             if key is None:
                 raise ValueError("eval_policy='sample' acts from a random key: pass key=")
-            dist = ppo_distribution(pi_out, log_std, mask if discrete and config.use_action_mask else None)
+            dist = distribution(pi_out, log_std, mask if discrete and config.use_action_mask else None)
             return env_action(dist.sample(seed=key))
         if not discrete:
             return env_action(pi_out)
+        if multi is not None:
+            pi_out = pi_out.reshape(*pi_out.shape[:-1], len(multi.nvec), multi.width)
+            pi_out = jnp.where(multi.valid(), pi_out, -jnp.inf)
         if mask is not None and config.use_action_mask:
             pi_out = jnp.where(mask, pi_out, -jnp.inf)
         return jnp.argmax(pi_out, -1)

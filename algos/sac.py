@@ -140,6 +140,7 @@ def make(config: SACConfig, env: Environment, env_params: Any) -> Algo:
     if not isinstance(space, Box):
         raise ValueError(f"SAC needs continuous actions; {env.name} has {space}")
     action_dim = space.shape[0]
+    obs_shape = env.observation_space(env_params).shape  # once, outside any trace
     actor, critic = SACActor(action_dim, config.hidden), TwinQ(config.hidden)
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
     n = config.num_envs
@@ -162,7 +163,6 @@ def make(config: SACConfig, env: Environment, env_params: Any) -> Algo:
 
     def init(key: jax.Array, hp: SACHParams) -> SACState:
         k_a, k_c, k_env, k_warm, k_run = jax.random.split(key, 5)
-        obs_shape = env.observation_space(env_params).shape
         obs0, act0 = jnp.zeros(obs_shape), jnp.zeros(action_dim)
         actor_p, critic_p = actor.init(k_a, obs0), critic.init(k_c, obs0, act0)
         log_alpha = jnp.log(hp.init_alpha)

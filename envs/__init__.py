@@ -7,7 +7,7 @@ from typing import Any
 
 from envs.cartpole import CartPole, ContinuousCartPole
 from envs.check import EnvContractError, check
-from envs.core import Box, Discrete, Environment, Step, Transition
+from envs.core import Box, Discrete, Environment, MultiDiscrete, Step, Transition
 from envs.dungeon import DungeonCrawl
 from envs.pendulum import Pendulum
 from envs.snake import Snake
@@ -81,6 +81,7 @@ def make(name: str, **param_overrides: Any) -> tuple[Environment, Any]:
 __all__ = [
     "Box",
     "Discrete",
+    "MultiDiscrete",
     "EnvContractError",
     "Environment",
     "FlattenObservation",

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.core import Box, Discrete, Environment, Step
+from envs.core import Box, Discrete, Environment, MultiDiscrete, Space, Step
 
 
 class EnvContractError(ValueError):
@@ -30,44 +30,45 @@ def _shape_dtype(x: Any) -> str:
 def check(env: Environment, params: Any, steps: int = 64) -> None:
     """Checks ``env`` with ``params`` against the contract.
 
-    Spaces are a :class:`~envs.core.Box` observation and a ``Box``/``Discrete`` action space;
-    ``reset`` and ``step`` trace under ``jit`` and ``vmap``; observations match the observation
-    space's shape and are float32; rewards are float32 scalars, ``terminated``/``truncated``
-    bool scalars, never both; the state has an int32 ``time`` and params a ``max_steps``; with
-    ``max_steps`` set to 3, an episode that does not terminate is truncated at step 3 and reset.
+    Spaces are a :class:`~envs.core.Box` observation and a ``Box``/``Discrete``/``MultiDiscrete``
+    action space, asked for eagerly (as the kernel does, once, outside any trace); ``reset``,
+    ``step`` and ``action_mask`` each run under ``jit`` and ``vmap`` with ``params`` passed in as
+    an argument (its leaves traced, its static fields not), as inside a trial; observations match
+    the observation space's shape and are float32; rewards are float32 scalars,
+    ``terminated``/``truncated`` bool scalars, never both; an action mask is bool, ``[n]`` for
+    ``Discrete(n)`` and ``[len(nvec), max(nvec)]`` for ``MultiDiscrete``; the state has an int32
+    ``time`` and params a ``max_steps``; with ``max_steps`` set to 3, an episode that does not
+    terminate is truncated at step 3 and reset.
 
     Raises:
-        EnvContractError: what is wrong, in one line.
+        EnvContractError: what is wrong, in one line naming the method.
     """
     if not isinstance(env, Environment):
         raise EnvContractError(f"{type(env).__name__} is not an envs.Environment")
-    try:
-        obs_space, act_space = env.observation_space(params), env.action_space(params)
-    except Exception as err:
-        raise _fail(env, f"observation_space/action_space failed: {type(err).__name__}: {err}") from None
+    obs_space = _call(env, "observation_space", lambda: env.observation_space(params))
+    act_space = _call(env, "action_space", lambda: env.action_space(params))
     if not isinstance(obs_space, Box):
         raise _fail(env, f"observation_space must be an envs.Box, got {type(obs_space).__name__}")
-    if not isinstance(act_space, Box | Discrete):
-        raise _fail(env, f"action_space must be an envs.Box or envs.Discrete, got {type(act_space).__name__}")
+    if not isinstance(act_space, Box | Discrete | MultiDiscrete):
+        raise _fail(env, "action_space must be an envs.Box, envs.Discrete or envs.MultiDiscrete, got "
+                         f"{type(act_space).__name__}")
     if not hasattr(params, "max_steps"):
         raise _fail(env, "params need a static max_steps (the time limit Environment.step applies)")
 
-    def rollout(key: jax.Array, p: Any) -> tuple[Any, Any, Step]:
-        obs, state = env.reset(key, p)
+    keys = jax.random.split(jax.random.key(0), 2)
+    obs, state = _traced(env, "reset", jax.vmap(env.reset, (0, None)), keys, params)
+    mask = _traced(env, "action_mask", jax.vmap(env.action_mask, (0, None)), state, params)
+    _check_mask(env, mask, act_space)
 
+    def rollout(key: jax.Array, p: Any) -> Step:  # reset passed above: a failure here is step's
         def body(s: Any, k: jax.Array) -> tuple[Any, Step]:
             k_a, k_s = jax.random.split(k)
             out = env.step(k_s, s, act_space.sample(k_a), p)
             return out.state, out
 
-        return obs, state, jax.lax.scan(body, state, jax.random.split(key, steps))[1]
+        return jax.lax.scan(body, env.reset(key, p)[1], jax.random.split(key, steps))[1]
 
-    keys = jax.random.split(jax.random.key(0), 2)
-    try:
-        obs, state, out = jax.jit(jax.vmap(rollout, in_axes=(0, None)))(keys, params)
-    except Exception as err:
-        msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise _fail(env, f"reset/step do not run under jit and vmap: {type(err).__name__}: {msg}") from None
+    out = _traced(env, "step", jax.vmap(rollout, in_axes=(0, None)), keys, params)
     if not isinstance(out, Step):
         raise _fail(env, f"step must return envs.Step, got {type(out).__name__}")
     if not hasattr(state, "time") or jnp.asarray(state.time).dtype != jnp.int32:
@@ -88,7 +89,37 @@ def check(env: Environment, params: Any, steps: int = 64) -> None:
     _check_time_limit(env, params, act_space)
 
 
-def _check_time_limit(env: Environment, params: Any, act_space: Box | Discrete) -> None:
+def _first_line(err: Exception) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def _call(env: Environment, method: str, fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as err:
+        raise _fail(env, f"{method} failed: {_first_line(err)}") from None
+
+
+def _traced(env: Environment, method: str, fn: Any, *args: Any) -> Any:
+    """``jit(fn)(*args)``; a failure names ``method`` (an env that works only eagerly fails here)."""
+    try:
+        return jax.jit(fn)(*args)
+    except Exception as err:
+        raise _fail(env, f"{method} does not run under jit and vmap with traced params: {_first_line(err)}") from None
+
+
+def _check_mask(env: Environment, mask: Any, space: Space) -> None:
+    if mask is None:
+        return
+    if isinstance(space, Box):
+        raise _fail(env, "action_mask must return None for a continuous (Box) action space")
+    want = (space.n,) if isinstance(space, Discrete) else (len(space.nvec), space.width)
+    if jnp.shape(mask) != (2, *want) or jnp.asarray(mask).dtype != jnp.bool_:
+        raise _fail(env, f"action_mask has {_shape_dtype(mask[0])}; {space} needs a bool mask of shape {want}")
+
+
+def _check_time_limit(env: Environment, params: Any, act_space: Space) -> None:
     try:
         short = params.replace(max_steps=3)
     except Exception as err:

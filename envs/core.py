@@ -67,7 +67,46 @@ class Box:
         return jnp.all(jnp.logical_and(x >= self.low, x <= self.high))
 
 
-Space = Discrete | Box
+@dataclasses.dataclass(frozen=True)
+class MultiDiscrete:
+    """``len(nvec)`` sub-actions taken at once, the i-th in ``0 .. nvec[i]-1``: an action is an
+    int32 ``[len(nvec)]``. Its action mask (if the env has one) is ``[len(nvec), max(nvec)]``, one
+    row of legal choices per sub-action (entries past ``nvec[i]`` are ignored)."""
+
+    nvec: tuple[int, ...]
+    dtype: Any = jnp.int32
+
+    def __post_init__(self) -> None:
+        if not self.nvec or min(self.nvec) < 1:
+            raise ValueError(f"MultiDiscrete needs at least one sub-action of at least one choice, got {self.nvec}")
+
+    def __str__(self) -> str:
+        return f"MultiDiscrete({list(self.nvec)})"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.nvec),)
+
+    @property
+    def width(self) -> int:
+        """Choices per row of the policy's logits (the largest sub-action)."""
+        return max(self.nvec)
+
+    def valid(self) -> jax.Array:
+        """``[len(nvec), width]`` bool: which logits are choices at all."""
+        return jnp.arange(self.width)[None, :] < jnp.asarray(self.nvec)[:, None]
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return jax.random.randint(key, self.shape, 0, jnp.asarray(self.nvec), dtype=self.dtype)
+
+    def contains(self, x: jax.Array) -> jax.Array:
+        x = jnp.asarray(x)
+        if x.shape != self.shape:
+            return jnp.asarray(False)
+        return jnp.all(jnp.logical_and(x >= 0, x < jnp.asarray(self.nvec)))
+
+
+Space = Discrete | MultiDiscrete | Box
 
 
 @struct.dataclass

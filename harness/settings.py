@@ -195,6 +195,11 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
     fields = set(settings.config_fields)
     for budget in dict.fromkeys(budgets.values()):
         validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)
+    for point in static_points(study, fields):  # the algorithm takes this env (SAC: continuous actions)
+        try:
+            spec.make(spec.config_cls(**settings.static_config(point, budgets["cpu"].timesteps)), env, env_params)
+        except ValueError as err:
+            raise StudyError(f"study {study.name}: {err}") from None
         if scheduler == "pbt":
             validate_pbt(study, fields, configs_per_trial=budget.configs_per_trial,
                          chunks=min(settings.chunks(budget)))

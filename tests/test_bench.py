@@ -31,6 +31,8 @@ TINY = {
     "checkpoint_cost.py": (["--studies", "cartpole_ppo", "--chunks", "1"],
                            "ratio wall time checkpoint-every-chunk/bare:"),
     "study_load.py": (["--trials", "4"], "ratio last/first:"),
+    "env_coverage.py": (["--libraries", "gymnax", "--only", "gymnax:Catch-bsuite"],
+                        "gymnax: 1/1 envs train, 0 refused with a reason, 0 fail in the kernel"),
     "brax_ppo.py": (["--timesteps", "10240", "--configs", "1"], "ratio us/brax:"),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1"], "ratio evals/min us/naive:"),

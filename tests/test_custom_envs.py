@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import envs
@@ -92,7 +94,19 @@ BROKEN = {
                 "new = CorridorState(pos=pos, time=state.time)",
                 "not truncated at max_steps"),
     "python_branch": ("pos = jnp.clip(", "pos = state.pos if action == 0 else jnp.clip(",
-                      "do not run under jit and vmap"),
+                      "step does not run under jit and vmap"),
+    # an env that works only eagerly fails in the check, naming the method (not inside a trial)
+    "eager_reset": ("state = CorridorState(pos=jnp.int32(0), time=jnp.int32(0))",
+                    "state = CorridorState(pos=jnp.int32(int(jax.random.randint(key, (), 0, 1))), "
+                    "time=jnp.int32(0))", "reset does not run under jit and vmap"),
+    "eager_mask": ("        return Discrete(2)  # 0: left, 1: right\n",
+                   "        return Discrete(2)\n\n    def action_mask(self, state, params):\n"
+                   "        return jnp.array([bool(state.pos > 0), True])\n",
+                   "action_mask does not run under jit and vmap"),
+    "mask_shape": ("        return Discrete(2)  # 0: left, 1: right\n",
+                   "        return Discrete(2)\n\n    def action_mask(self, state, params):\n"
+                   "        return jnp.ones(3, jnp.bool_)\n",
+                   "action_mask has shape (3,) dtype bool; Discrete(2) needs a bool mask of shape (2,)"),
     "reward_shape": ("reward=jnp.where(at_exit, 1.0, -0.01)",
                      "reward=jnp.where(at_exit, 1.0, -0.01) * jnp.ones(2)",
                      "reward has shape (2,)"),
@@ -110,6 +124,20 @@ def test_check__names_what_is_wrong_in_one_line(case, tmp_path):
     with pytest.raises(EnvContractError) as err:
         envs.check(env, params)
     assert expect in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_check__params_are_traced_as_in_a_trial_so_a_python_branch_on_them_fails_there():
+    from envs.cartpole import CartPole
+
+    class EagerCartPole(CartPole):  # a Python branch on a params leaf: works eagerly only
+        def transition(self, key, state, action, params):
+            return super().transition(key, state, action if float(params.gravity) > 0 else 1 - action, params)
+
+    env, params = EagerCartPole(), CartPole().default_params
+    env.step(jax.random.key(0), env.reset(jax.random.key(0), params)[1], jnp.int32(0), params)  # eagerly: fine
+    with pytest.raises(EnvContractError, match=r"step does not run under jit and vmap with traced params: "
+                                               r"ConcretizationTypeError"):
+        envs.check(env, params)
 
 
 def test_check__accepts_every_registered_env():

@@ -488,3 +488,10 @@ def test_core_and_driver_units__import_without_starting_ray():
     code = ("import harness.folder, harness.settings, harness.guard, harness.progress, harness.summary, sys; "
             "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_settings__an_algorithm_that_cannot_take_the_env_is_refused_before_ray_starts(tmp_path):
+    study = dataclasses.replace(studies.get("cartpole_sac"), env="CartPole-v1")
+    with pytest.raises(StudyError, match=r"study cartpole_sac: SAC needs continuous actions; CartPole-v1 has "
+                                         r"Discrete\(2\)$"):
+        settings_for(study, tmp_path)

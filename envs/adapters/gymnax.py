@@ -12,9 +12,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from envs.core import Box, Discrete, Environment, Space, Transition
+
+
+# envs that cannot run here, with the reason (a study refuses them before Ray starts)
+REFUSED = {
+    "MNISTBandit-bsuite": "downloads MNIST through torchvision on first use (not installed here, and needs the "
+                          "internet); its contexts are images, so try gymnax:SimpleBandit-bsuite or a MinAtar env",
+}
 
 
 @struct.dataclass
@@ -23,17 +31,26 @@ class GymnaxParams:
     max_steps: int = struct.field(pytree_node=False, default=500)
 
 
-def _space(space: Any) -> Space:
+def _action_space(name: str, space: Any) -> Space:
+    """Our space for gymnax's action space (asked for once, eagerly, at ``make``)."""
     if hasattr(space, "n"):
         return Discrete(int(space.n))
-    return Box(float(jnp.min(space.low)), float(jnp.max(space.high)), tuple(space.shape))
+    low, high = np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
+    if low.min() != low.max() or high.min() != high.max():
+        raise ValueError(f"gymnax:{name}'s action bounds differ per dimension ({low} .. {high}); "
+                         "envs.Box has one low and one high")
+    return Box(float(low.min()), float(high.max()), tuple(space.shape))
 
 
 @dataclasses.dataclass(frozen=True)
 class GymnaxEnv(Environment):
-    """A gymnax env; its state (which has gymnax's ``time``) is used as ours."""
+    """A gymnax env; its state (which has gymnax's ``time``) is used as ours. Both spaces are
+    fixed when it is made (``make_gymnax``): gymnax computes some from its params, which are
+    traced inside a compiled trial."""
 
     inner: Any = None
+    obs_space: Box = Box(-np.inf, np.inf, ())
+    act_space: Space = Discrete(1)
 
     def __hash__(self) -> int:
         return hash((type(self), self.name))
@@ -44,22 +61,21 @@ class GymnaxEnv(Environment):
         return GymnaxParams(p, int(p.max_steps_in_episode))
 
     def observation_space(self, params: GymnaxParams) -> Box:
-        space = _space(self.inner.observation_space(params.inner))
-        assert isinstance(space, Box)
-        return space
+        return self.obs_space
 
     def action_space(self, params: GymnaxParams) -> Space:
-        return _space(self.inner.action_space(params.inner))
+        return self.act_space
 
     def reset(self, key: jax.Array, params: GymnaxParams) -> tuple[jax.Array, Any]:
-        return self.inner.reset_env(key, params.inner)
+        obs, state = self.inner.reset_env(key, params.inner)
+        return jnp.asarray(obs, jnp.float32), state
 
     def transition(self, key: jax.Array, state: Any, action: jax.Array, params: GymnaxParams) -> Transition:
         obs, new, reward, done, info = self.inner.step_env(key, state, action, params.inner)
         out_of_time = new.time >= params.inner.max_steps_in_episode
         terminated = jnp.logical_and(done, ~out_of_time)
         info = {k: v for k, v in info.items() if k != "discount"}
-        return Transition(obs.astype(jnp.float32), new, jnp.asarray(reward, jnp.float32), terminated,
+        return Transition(jnp.asarray(obs, jnp.float32), new, jnp.asarray(reward, jnp.float32), terminated,
                           info, truncated=jnp.logical_and(done, out_of_time))
 
 
@@ -68,9 +84,12 @@ def make_gymnax(name: str, **param_overrides: Any) -> tuple[Environment, Any]:
 
     if name not in gymnax.registered_envs:
         raise ValueError(f"unknown gymnax env {name!r}; gymnax envs: {', '.join(gymnax.registered_envs)}")
-    inner, _ = gymnax.make(name)
-    env = GymnaxEnv(name=f"gymnax:{name}", inner=inner)
-    params = env.default_params
+    if name in REFUSED:
+        raise ValueError(f"gymnax:{name} {REFUSED[name]}")
+    inner, inner_params = gymnax.make(name)
     if param_overrides:
-        params = params.replace(inner=params.inner.replace(**param_overrides))
-    return env, params
+        inner_params = inner_params.replace(**param_overrides)
+    obs = jax.eval_shape(lambda k: inner.reset_env(k, inner_params)[0], jax.random.key(0))
+    env = GymnaxEnv(name=f"gymnax:{name}", inner=inner, obs_space=Box(-np.inf, np.inf, tuple(obs.shape)),
+                    act_space=_action_space(name, inner.action_space(inner_params)))
+    return env, GymnaxParams(inner_params, int(inner_params.max_steps_in_episode))
