@@ -60,12 +60,11 @@ def test_registry__an_env_that_cannot_run_here_is_refused_in_one_line(name, why)
 def test_jumanji__masks_map_to_the_policys_actions():
     tetris, params = envs.make("jumanji:Tetris-v0", num_rows=6, num_cols=6)
     assert tetris.action_space(params) == envs.Discrete(4 * 6)  # rotation x column: a joint mask
-    connector, cp = envs.make("jumanji:Connector-v3", grid_size=6, num_agents=3)
-    space = connector.action_space(cp)
-    assert space == MultiDiscrete((5, 5, 5))
+    connector, cp = envs.make("jumanji:Connector-v3")  # 10 agents, 5 moves each: a mask row per agent
+    assert connector.action_space(cp) == MultiDiscrete((5,) * 10)
     _, state = connector.reset(jax.random.key(0), cp)
     mask = connector.action_mask(state, cp)
-    assert mask.shape == (3, 5) and mask.dtype == jnp.bool_ and bool(mask[:, 0].all())  # no-op: always legal
+    assert mask.shape == (10, 5) and mask.dtype == jnp.bool_ and bool(mask[:, 0].all())  # no-op: always legal
     _, state = tetris.reset(jax.random.key(0), params)
     _, ts = tetris.env.inner.reset(jax.random.key(0))  # Jumanji's own: [rotation, column]
     assert tetris.action_mask(state, params).tolist() == np.asarray(ts.observation.action_mask).reshape(-1).tolist()

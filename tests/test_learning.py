@@ -63,6 +63,35 @@ def test_sac__balances_continuous_cartpole_on_every_seed():
     assert (returns >= 450).all(), returns
 
 
+# ---- others' envs (gymnax), against published figures ---------------------------------------
+
+def _gymnax_config(total_timesteps, **overrides):
+    """The stated config for gymnax's classic control: 16 envs x 128 steps, 4 epochs of 4 minibatches."""
+    base = dict(num_envs=16, num_steps=128, num_minibatches=4, update_epochs=4, updates_per_chunk=25,
+                total_timesteps=total_timesteps)
+    return ppo.PPOConfig(**{**base, **overrides})
+
+
+def test_ppo__acrobot_from_gymnax_reaches_minus_100_on_every_seed_within_500k_steps():
+    pytest.importorskip("gymnax")
+    env, params = envs.make("gymnax:Acrobot-v1")  # published, tuned: about -80
+    config = _gymnax_config(500_000)
+    returns, metrics = _train_and_evaluate(ppo.make(config, env, params), ppo.PPOHParams.default(lr=1e-3),
+                                           config.num_chunks)
+    assert int(metrics.env_steps[0, 0, -1]) <= 512_000  # 10 chunks of 51,200
+    assert (returns >= -100).all(), returns
+
+
+def test_ppo__mountain_car_continuous_from_gymnax_reaches_80_on_every_seed_within_500k_steps():
+    pytest.importorskip("gymnax")
+    env, params = envs.make("gymnax:MountainCarContinuous-v0")  # published, tuned: about 92
+    # no entropy bonus and a long horizon: the goal's +100 must outweigh the action cost it takes
+    config = _gymnax_config(200_000, normalize_observations=True)
+    hp = ppo.PPOHParams.default(lr=3e-4, gamma=0.999, ent_coef=0.0)
+    returns, _ = _train_and_evaluate(ppo.make(config, env, params), hp, config.num_chunks)
+    assert (returns >= 80).all(), returns
+
+
 # ---- grid games ---------------------------------------------------------------------------
 
 def _snake_config(**overrides):
