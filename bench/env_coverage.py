@@ -1,8 +1,10 @@
 """Coverage of the adapter registries: does every gymnax, Jumanji and Brax env train here?
 
     python bench/env_coverage.py [--libraries gymnax jumanji brax] [--only NAME ...] [--csv out.csv]
+                                 [--brax-backend positional]
 
-Each env goes through what a study does with it (``harness.coverage.probe``): ``envs.make`` and
+Each env goes through what a study does with it, in a process of its own (an env that hangs costs
+its row after ``--timeout`` s, not the sweep) (``harness.coverage.probe``): ``envs.make`` and
 ``envs.check``, then one trial's kernel (2 configurations x 2 seeds, one chunk of two tiny updates,
 one evaluation episode) with PPO, and with SAC too where actions are continuous. One row per env
 and algorithm: trains (with compile seconds and env steps/s of the compiled chunk, all lanes), or
@@ -15,7 +17,9 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,35 +36,60 @@ def _fmt(x: float, spec: str) -> str:
     return "" if math.isnan(x) else format(x, spec)
 
 
+def _probe_apart(name: str, timeout: float) -> list[Row]:
+    """``probe(name)`` in a process of its own: an env that hangs or crashes costs one row, not the sweep."""
+    cmd = [sys.executable, __file__, "--one", name]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [Row(name, "-", "failed", reason=f"no result within {timeout:.0f} s (hangs or too slow here)")]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode or not lines:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return [Row(name, "-", "failed", reason=f"the probe process exited {r.returncode}: {tail}")]
+    return [Row(**json.loads(ln)) for ln in lines]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--libraries", nargs="+", default=list(LIBRARIES), choices=LIBRARIES)
     ap.add_argument("--only", nargs="+", default=None, help="env names (e.g. gymnax:Acrobot-v1)")
     ap.add_argument("--csv", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--brax-backend", default="positional",
+                    help="physics backend for the Brax envs (default positional, the cheapest to compile on a "
+                         "CPU; '' for each env's own default)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds one env may take (default 600)")
+    ap.add_argument("--same-process", action="store_true",
+                    help="probe every env in this process (faster; no timeout, a hang stops the sweep)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: probe this env, rows as JSON lines
     args = ap.parse_args()
+    if args.one:
+        for row in probe(args.one):
+            print(json.dumps(dataclasses.asdict(row)), flush=True)
+        return
     names: list[str] = []
     for lib in args.libraries:
         try:
-            names += registry(lib)
+            found = registry(lib)
         except ImportError as err:
             sys.exit(f"{lib} is not installed ({err.name} missing): pip install -e '.[test]'")
+        names += [f"{n}:{args.brax_backend}" for n in found] if lib == "brax" and args.brax_backend else found
     if args.only:
-        unknown = sorted(set(args.only) - set(names))
-        if unknown:
-            sys.exit(f"not in the registries swept: {', '.join(unknown)}")
-        names = [n for n in names if n in args.only]
+        outside = [n for n in args.only if n.split(":", 1)[0] not in args.libraries]
+        if outside:
+            sys.exit(f"--only {' '.join(outside)}: not in the libraries swept ({', '.join(args.libraries)})")
+        names = list(args.only)
     print(f"{len(names)} envs; jax {jax.__version__} on {jax.devices()[0].platform}", flush=True)
     print("| env | algo | status | actions | obs | compile s | steps/s | return | reason |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     rows: list[Row] = []
     t0 = time.perf_counter()
     for name in names:
-        for row in probe(name):
+        for row in (probe(name) if args.same_process else _probe_apart(name, args.timeout)):
             rows.append(row)
             print(f"| {row.env} | {row.algo} | {row.status} | {row.action_space} | {row.obs_shape} | "
                   f"{_fmt(row.compile_s, '.1f')} | {_fmt(row.steps_per_s, ',.0f')} | "
                   f"{_fmt(row.final_return, '.3g')} | {row.reason} |", flush=True)
-        jax.clear_caches()  # one kernel per env: keep memory flat over the sweep
     if args.csv:
         with args.csv.open("w", newline="") as f:
             w = csv.DictWriter(f, [fl.name for fl in dataclasses.fields(Row)])

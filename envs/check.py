@@ -23,10 +23,6 @@ def _fail(env: Environment, what: str) -> EnvContractError:
     return EnvContractError(f"env {getattr(env, 'name', type(env).__name__)!r}: {what}")
 
 
-def _shape_dtype(x: Any) -> str:
-    return f"shape {tuple(jnp.shape(x))} dtype {jnp.asarray(x).dtype}"
-
-
 def check(env: Environment, params: Any, steps: int = 64) -> None:
     """Checks ``env`` with ``params`` against the contract.
 
@@ -56,9 +52,9 @@ def check(env: Environment, params: Any, steps: int = 64) -> None:
         raise _fail(env, "params need a static max_steps (the time limit Environment.step applies)")
 
     keys = jax.random.split(jax.random.key(0), 2)
+    # each method traced on its own (shapes only, nothing compiled), so a failure names it
     obs, state = _traced(env, "reset", jax.vmap(env.reset, (0, None)), keys, params)
-    mask = _traced(env, "action_mask", jax.vmap(env.action_mask, (0, None)), state, params)
-    _check_mask(env, mask, act_space)
+    _check_mask(env, _traced(env, "action_mask", jax.vmap(env.action_mask, (0, None)), state, params), act_space)
 
     def rollout(key: jax.Array, p: Any) -> Step:  # reset passed above: a failure here is step's
         def body(s: Any, k: jax.Array) -> tuple[Any, Step]:
@@ -71,22 +67,34 @@ def check(env: Environment, params: Any, steps: int = 64) -> None:
     out = _traced(env, "step", jax.vmap(rollout, in_axes=(0, None)), keys, params)
     if not isinstance(out, Step):
         raise _fail(env, f"step must return envs.Step, got {type(out).__name__}")
-    if not hasattr(state, "time") or jnp.asarray(state.time).dtype != jnp.int32:
+    if not hasattr(state, "time") or state.time.dtype != jnp.int32:
         raise _fail(env, "the state needs an int32 `time` field (steps since reset)")
-    for what, x in (("reset observation", obs), ("step observation", out.obs), ("final_obs", out.final_obs)):
-        want = (2, *obs_space.shape) if what == "reset observation" else (2, steps, *obs_space.shape)
-        if jnp.shape(x) != want or jnp.asarray(x).dtype != jnp.float32:
-            raise _fail(env, f"{what} has {_shape_dtype(x[0] if what == 'reset observation' else x[0, 0])}; "
+    for what, x, lead in (("reset observation", obs, 1), ("step observation", out.obs, 2),
+                          ("final_obs", out.final_obs, 2)):
+        if tuple(np.shape(x)[lead:]) != tuple(obs_space.shape) or x.dtype != jnp.float32:
+            raise _fail(env, f"{what} has shape {tuple(np.shape(x)[lead:])} dtype {x.dtype}; "
                              f"the observation space says shape {obs_space.shape} dtype float32")
     for what, x, dtype in (("reward", out.reward, jnp.float32), ("terminated", out.terminated, jnp.bool_),
                            ("truncated", out.truncated, jnp.bool_)):
-        if jnp.shape(x) != (2, steps) or jnp.asarray(x).dtype != dtype:
-            raise _fail(env, f"{what} has {_shape_dtype(x[0, 0])} per step; want a {jnp.dtype(dtype)} scalar")
+        if np.shape(x) != (2, steps) or x.dtype != dtype:
+            raise _fail(env, f"{what} has shape {tuple(np.shape(x)[2:])} dtype {x.dtype} per step; "
+                             f"want a {jnp.dtype(dtype)} scalar")
+    short = _short(env, params)
+
+    @jax.jit
+    def run(keys: jax.Array, p: Any, limit_keys: jax.Array) -> tuple:  # one compile for the values
+        return jax.vmap(rollout, (0, None))(keys, p), jax.vmap(lambda k: _three_steps(env, short, act_space, k))(
+            limit_keys)
+
+    try:
+        out, limit = run(keys, params, jax.random.split(jax.random.key(1), 8))
+    except Exception as err:
+        raise _fail(env, f"step failed when compiled and run: {_first_line(err)}") from None
     if not np.isfinite(np.asarray(out.obs)).all() or not np.isfinite(np.asarray(out.reward)).all():
         raise _fail(env, f"observations or rewards are not finite within {steps} random steps")
     if bool((out.terminated & out.truncated).any()):
         raise _fail(env, "a step is both terminated and truncated (they are exclusive)")
-    _check_time_limit(env, params, act_space)
+    _check_time_limit(env, *(np.asarray(x) for x in limit))
 
 
 def _first_line(err: Exception) -> str:
@@ -102,11 +110,13 @@ def _call(env: Environment, method: str, fn: Any) -> Any:
 
 
 def _traced(env: Environment, method: str, fn: Any, *args: Any) -> Any:
-    """``jit(fn)(*args)``; a failure names ``method`` (an env that works only eagerly fails here)."""
+    """The shapes ``jit(fn)(*args)`` would give (traced, not compiled); a failure names ``method``
+    (an env that works only eagerly fails here)."""
     try:
-        return jax.jit(fn)(*args)
+        return jax.eval_shape(fn, *args)
     except Exception as err:
-        raise _fail(env, f"{method} does not run under jit and vmap with traced params: {_first_line(err)}") from None
+        raise _fail(env, f"{method} does not run under jit and vmap with traced params: "
+                         f"{_first_line(err)}") from None
 
 
 def _check_mask(env: Environment, mask: Any, space: Space) -> None:
@@ -115,40 +125,42 @@ def _check_mask(env: Environment, mask: Any, space: Space) -> None:
     if isinstance(space, Box):
         raise _fail(env, "action_mask must return None for a continuous (Box) action space")
     want = (space.n,) if isinstance(space, Discrete) else (len(space.nvec), space.width)
-    if jnp.shape(mask) != (2, *want) or jnp.asarray(mask).dtype != jnp.bool_:
-        raise _fail(env, f"action_mask has {_shape_dtype(mask[0])}; {space} needs a bool mask of shape {want}")
+    if tuple(mask.shape) != (2, *want) or mask.dtype != jnp.bool_:
+        shape = tuple(mask.shape[1:])
+        raise _fail(env, f"action_mask has shape {shape} dtype {mask.dtype}; {space} needs a bool mask of "
+                         f"shape {want}")
 
 
-def _check_time_limit(env: Environment, params: Any, act_space: Space) -> None:
+def _short(env: Environment, params: Any) -> Any:
     try:
-        short = params.replace(max_steps=3)
+        return params.replace(max_steps=3)
     except Exception as err:
         raise _fail(env, f"params.replace(max_steps=3) failed ({type(err).__name__}); params should be a "
                          "flax.struct.dataclass with max_steps") from None
+
+
+def _three_steps(env: Environment, short: Any, act_space: Space, key: jax.Array) -> tuple[Any, Any, Any]:
+    """(terminated, truncated, state.time) over 3 steps of the zero action with ``max_steps`` 3."""
     zero = jnp.zeros(act_space.shape, act_space.dtype)
 
-    @jax.jit
-    def three_steps(key: jax.Array) -> tuple[Any, Any, Any, Any]:
-        _, state = env.reset(key, short)
-        outs = []
-        for i in range(3):
-            out = env.step(jax.random.fold_in(key, i), state, zero, short)
-            outs.append(out)
-            state = out.state
-        return (jnp.stack([o.terminated for o in outs]), jnp.stack([o.truncated for o in outs]),
-                jnp.stack([o.state.time for o in outs]), outs[-1].obs)
+    def body(state: Any, i: jax.Array) -> tuple[Any, tuple]:  # a scan: one copy of step to compile
+        out = env.step(jax.random.fold_in(key, i), state, zero, short)
+        return out.state, (out.terminated, out.truncated, out.state.time)
 
-    for seed in range(8):  # find a start where the zero action does not terminate within 3 steps
-        term, trunc, time, _ = (np.asarray(x) for x in three_steps(jax.random.key(seed)))
-        if not term.any():
-            break
-    else:
+    return jax.lax.scan(body, env.reset(key, short)[1], jnp.arange(3))[1]
+
+
+def _check_time_limit(env: Environment, terms: np.ndarray, truncs: np.ndarray, times: np.ndarray) -> None:
+    """Judged on the first of the starts where the zero action does not terminate within 3 steps."""
+    starts = [i for i, term in enumerate(terms) if not term.any()]
+    if not starts:
         return  # every start ends at once under the zero action: nothing to learn about truncation
+    trunc, time_ = truncs[starts[0]], times[starts[0]]
     if trunc[:2].any():
         raise _fail(env, "truncated before max_steps (with max_steps=3, at step "
                          f"{int(np.argmax(trunc[:2])) + 1})")
     if not trunc[2]:
-        raise _fail(env, f"not truncated at max_steps (with max_steps=3, state.time was {time.tolist()}; "
+        raise _fail(env, f"not truncated at max_steps (with max_steps=3, state.time was {time_.tolist()}; "
                          "transition must advance state.time by one)")
-    if time[2] != 0:
+    if time_[2] != 0:
         raise _fail(env, "not reset after the time limit (state.time is not 0 after truncation)")

@@ -78,7 +78,8 @@ class MultiDiscrete:
 
     def __post_init__(self) -> None:
         if not self.nvec or min(self.nvec) < 1:
-            raise ValueError(f"MultiDiscrete needs at least one sub-action of at least one choice, got {self.nvec}")
+            raise ValueError("MultiDiscrete needs at least one sub-action of at least one choice, "
+                             f"got {self.nvec}")
 
     def __str__(self) -> str:
         return f"MultiDiscrete({list(self.nvec)})"

@@ -72,7 +72,7 @@ def test_gpu__stated_device_too_small_for_the_shape_splits_it(tmp_path, ray_env)
 
 def test_gpu__shape_that_cannot_fit_is_one_line_before_any_trial(tmp_path, ray_env):
     r = _study_bare("snake_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", "600MiB", ray_env=ray_env)
-    _one_error_line(r, "study snake_ppo (network=mlp), 2 configs x 2 seeds: one configuration needs ")
+    _one_error_line(r, "study snake_ppo, 2 configs x 2 seeds: one configuration needs ")
     assert not (tmp_path / "snake_ppo-smoke" / "trials").exists()
 
 

@@ -122,7 +122,7 @@ def test_fit_trials__a_shape_larger_than_the_stated_device_runs_its_trials_in_su
 
 
 def test_fit_trials__a_shape_that_cannot_fit_stops_the_study_in_one_line(monkeypatch, tmp_path):
-    with pytest.raises(StudyError, match=r"study snake_ppo \(network=mlp\), 2 configs x 2 seeds: one "
+    with pytest.raises(StudyError, match=r"study snake_ppo, 2 configs x 2 seeds: one "
                                          r"configuration needs 1.00 MiB .* usable \(64.00 KiB x 0.9\); "
                                          r"lower --seeds"):
         _fit(monkeypatch, tmp_path, "snake_ppo", "64KiB")
@@ -150,7 +150,7 @@ def test_study__shape_larger_than_the_stated_device_runs_in_sub_batches(tmp_path
 @pytest.mark.extended
 def test_study__shape_that_cannot_fit_stops_before_any_trial_in_one_line(tmp_path, ray_env):
     r = _study("snake_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", "64KiB", env=ray_env)
-    _one_error_line(r, "study snake_ppo (network=mlp), 2 configs x 2 seeds: one configuration needs ")
+    _one_error_line(r, "study snake_ppo, 2 configs x 2 seeds: one configuration needs ")
     assert "usable (64.00 KiB x 0.9); lower --seeds" in r.stderr
     assert not (tmp_path / "snake_ppo-smoke" / "trials").exists()
 

@@ -17,7 +17,6 @@ from flax import struct
 
 from envs.core import Box, Discrete, Environment, Space, Transition
 
-
 # envs that cannot run here, with the reason (a study refuses them before Ray starts)
 REFUSED = {
     "MNISTBandit-bsuite": "downloads MNIST through torchvision on first use (not installed here, and needs the "
