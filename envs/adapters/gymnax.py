@@ -20,7 +20,7 @@ from envs.core import Box, Discrete, Environment, Space, Transition
 # envs that cannot run here, with the reason (a study refuses them before Ray starts)
 REFUSED = {
     "MNISTBandit-bsuite": "downloads MNIST through torchvision on first use (not installed here, and needs the "
-                          "internet); its contexts are images, so try gymnax:SimpleBandit-bsuite or a MinAtar env",
+                          "internet); try gymnax:Catch-bsuite or a MinAtar env",
 }
 
 
