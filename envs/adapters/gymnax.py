@@ -41,6 +41,11 @@ def _action_space(name: str, space: Any) -> Space:
     return Box(float(low.min()), float(high.max()), tuple(space.shape))
 
 
+def _int32_time(state: Any) -> Any:
+    """gymnax's state with ``time`` as int32 (some envs keep it as a Python int or another dtype)."""
+    return state.replace(time=jnp.asarray(state.time, jnp.int32))
+
+
 @dataclasses.dataclass(frozen=True)
 class GymnaxEnv(Environment):
     """A gymnax env; its state (which has gymnax's ``time``) is used as ours. Both spaces are
@@ -67,14 +72,15 @@ class GymnaxEnv(Environment):
 
     def reset(self, key: jax.Array, params: GymnaxParams) -> tuple[jax.Array, Any]:
         obs, state = self.inner.reset_env(key, params.inner)
-        return jnp.asarray(obs, jnp.float32), state
+        return jnp.asarray(obs, jnp.float32), _int32_time(state)
 
     def transition(self, key: jax.Array, state: Any, action: jax.Array, params: GymnaxParams) -> Transition:
         obs, new, reward, done, info = self.inner.step_env(key, state, action, params.inner)
         out_of_time = new.time >= params.inner.max_steps_in_episode
         terminated = jnp.logical_and(done, ~out_of_time)
         info = {k: v for k, v in info.items() if k != "discount"}
-        return Transition(jnp.asarray(obs, jnp.float32), new, jnp.asarray(reward, jnp.float32), terminated,
+        return Transition(jnp.asarray(obs, jnp.float32), _int32_time(new),
+                          jnp.asarray(reward, jnp.float32), terminated,
                           info, truncated=jnp.logical_and(done, out_of_time))
 
 
