@@ -45,7 +45,8 @@ def test_gymnax__cartpole_matches_ours_step_for_step():
     ours, op = envs.make("CartPole-v1")
     obs_t, st_t = theirs.reset(jax.random.key(0), tp)
     _, st_o = ours.reset(jax.random.key(0), op)
-    st_o = st_o.replace(x=st_t.x, x_dot=st_t.x_dot, theta=st_t.theta, theta_dot=st_t.theta_dot)
+    g = st_t.inner  # gymnax's own state
+    st_o = st_o.replace(x=g.x, x_dot=g.x_dot, theta=g.theta, theta_dot=g.theta_dot)
     for i in range(30):
         a = jnp.int32(i % 3 == 0)
         t = theirs.transition(jax.random.key(i), st_t, a, tp)

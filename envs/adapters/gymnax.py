@@ -21,6 +21,9 @@ from envs.core import Box, Discrete, Environment, Space, Transition
 REFUSED = {
     "MNISTBandit-bsuite": "downloads MNIST through torchvision on first use (not installed here, and needs the "
                           "internet); try gymnax:Catch-bsuite or a MinAtar env",
+    "SimpleBandit-bsuite": "is broken in gymnax itself: its reset builds EnvState positionally, so the "
+                           "rewards land in `time` and the first step fails with IndexError, eagerly too; "
+                           "try gymnax:BernoulliBandit-misc",
 }
 
 
@@ -41,14 +44,18 @@ def _action_space(name: str, space: Any) -> Space:
     return Box(float(low.min()), float(high.max()), tuple(space.shape))
 
 
-def _int32_time(state: Any) -> Any:
-    """gymnax's state with ``time`` as int32 (some envs keep it as a Python int or another dtype)."""
-    return state.replace(time=jnp.asarray(state.time, jnp.int32))
+@struct.dataclass
+class GymnaxState:
+    """gymnax's own state, untouched (some envs keep ``time`` as a float and read it back as
+    one), beside the int32 ``time`` the contract asks for."""
+
+    inner: Any
+    time: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
 class GymnaxEnv(Environment):
-    """A gymnax env; its state (which has gymnax's ``time``) is used as ours. Both spaces are
+    """A gymnax env; its state is gymnax's beside an int32 ``time``. Both spaces are
     fixed when it is made (``make_gymnax``): gymnax computes some from its params, which are
     traced inside a compiled trial."""
 
@@ -72,14 +79,15 @@ class GymnaxEnv(Environment):
 
     def reset(self, key: jax.Array, params: GymnaxParams) -> tuple[jax.Array, Any]:
         obs, state = self.inner.reset_env(key, params.inner)
-        return jnp.asarray(obs, jnp.float32), _int32_time(state)
+        return jnp.asarray(obs, jnp.float32), GymnaxState(state, jnp.int32(0))
 
-    def transition(self, key: jax.Array, state: Any, action: jax.Array, params: GymnaxParams) -> Transition:
-        obs, new, reward, done, info = self.inner.step_env(key, state, action, params.inner)
-        out_of_time = new.time >= params.inner.max_steps_in_episode
+    def transition(self, key: jax.Array, state: GymnaxState, action: jax.Array,
+                   params: GymnaxParams) -> Transition:
+        obs, new, reward, done, info = self.inner.step_env(key, state.inner, action, params.inner)
+        out_of_time = state.time + 1 >= params.inner.max_steps_in_episode
         terminated = jnp.logical_and(done, ~out_of_time)
         info = {k: v for k, v in info.items() if k != "discount"}
-        return Transition(jnp.asarray(obs, jnp.float32), _int32_time(new),
+        return Transition(jnp.asarray(obs, jnp.float32), GymnaxState(new, state.time + 1),
                           jnp.asarray(reward, jnp.float32), terminated,
                           info, truncated=jnp.logical_and(done, out_of_time))
 
