@@ -39,6 +39,7 @@ class Options:
     storage: str | None = None
     address: str | None = None
     smoke: bool = False
+    top_k: int | None = None  # configurations re-trained at the end (None: the study's; 0: none)
 
     def given(self) -> dict[str, int | None]:
         return {"trials": self.trials, "configs_per_trial": self.configs_per_trial, "seeds": self.seeds,
@@ -181,6 +182,10 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
     except (algos.UnknownAlgoError, envs.UnknownEnvError, envs.EnvContractError) as err:
         raise StudyError(f"study {study.name}: {err}") from None
     scheduler = options.scheduler or study.scheduler
+    if options.top_k is not None:
+        if options.top_k < 0:
+            raise StudyError(f"--top-k must be 0 or more, got {options.top_k}")
+        study = dataclasses.replace(study, top_k=options.top_k)
     checkpoint = parse_checkpoint_every(options.checkpoint_every)
     device_bytes = parse_bytes(options.device_memory) if options.device_memory else None
     budgets = {kind: resolve_budget(study, options, kind, stored, folder) for kind in ("cpu", "gpu")}

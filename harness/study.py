@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="how often a running trial saves its whole kernel, so a trial whose worker or driver "
                         "died goes on from there: seconds ('60s', the default; stretched to keep saving under "
                         "5%% of a trial's time), chunks ('4chunks') or 'never'")
+    p.add_argument("--top-k", type=int, metavar="K",
+                   help="configurations re-trained on fresh seeds at the end, beside the default one "
+                        "(default: the study's, usually 3; 0: no final re-training)")
     p.add_argument("--device-memory", metavar="SIZE",
                    help="memory a device gives trials (e.g. 40GiB); default: measured on a GPU, unlimited on "
                         "a CPU. Trial shapes that do not fit run their configurations in sub-batches")
@@ -103,7 +106,8 @@ def _resolve(args: argparse.Namespace, resume: str) -> tuple[Settings, ResultsFo
     options = Options(trials=args.trials, configs_per_trial=args.configs_per_trial, seeds=args.seeds,
                       timesteps=args.timesteps, scheduler="none" if args.no_asha else args.scheduler,
                       checkpoint_every=args.checkpoint_every, device_memory=args.device_memory,
-                      sampler=args.sampler, storage=args.storage, address=args.address, smoke=args.smoke)
+                      sampler=args.sampler, storage=args.storage, address=args.address, smoke=args.smoke,
+                      top_k=args.top_k)
     if args.fresh:  # checked in full before the old results are moved aside
         settings = resolve(study, options, stored=None, folder=folder, resume_command=resume)
         stored, aside = prepare_folder(folder, study.name, fresh=True)

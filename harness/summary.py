@@ -25,6 +25,8 @@ def lines(paths: dict[str, Path], *, done: int, minutes: float) -> list[str]:
                     f"{b['search_score']:.1f}",
                     f"  {fmt_params(b['params'])}",
                     f"  reproduce: {b['reproduce']['command']}"]
+        elif b.get("search_score") is not None:  # nothing re-trained (--top-k 0): its search score
+            out.append(f"best: {b['config_id']} search score {b['search_score']:.1f} (not re-evaluated)")
         if b.get("tuned_vs_default"):
             out.append(tuned_vs_default_line(b["tuned_vs_default"], b.get("objective", "final")))
     out.append(f"reports: {paths['configs'].parent}/ ({', '.join(p.name for p in paths.values())})")

@@ -37,6 +37,19 @@ def fast_compile_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "XLA_FLAGS": (env.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip()}
 
 
+@pytest.fixture(autouse=True)
+def _fast_compile_unless_slow(request):
+    """Tests in this process compile with most of XLA's optimisations off (JAX reads the option
+    at every compile): their kernels are tiny, so compiling is most of their time (the kernel,
+    checkpoint and PBT tests: 149 s -> 62 s). The learning tests (marked slow) run long kernels,
+    which run about twice as slowly unoptimised: they keep XLA's defaults. (A flag read at compile
+    time, not part of any cache key: no jitted function is shared between the two kinds.)"""
+    import jax
+
+    keep = request.node.get_closest_marker("slow") or request.node.get_closest_marker("xla_optimized")
+    jax.config.update("jax_disable_most_optimizations", not keep)
+
+
 @pytest.fixture
 def ray_env(cache_home):
     """An environment with a private RAY_TMPDIR; afterwards, no process may still use it."""

@@ -83,3 +83,13 @@ def test_adapters__unknown_names_list_the_choices():
     with pytest.raises(envs.UnknownEnvError, match=r"'mujoco_gym' is neither an adapter library "
                                                    r"\(gymnax, jumanji, brax\)"):
         envs.make("mujoco_gym:ant")
+
+
+@pytest.mark.parametrize("name", ["MetaMaze-misc", "BernoulliBandit-misc"])
+def test_gymnax__an_env_that_keeps_a_float_time_passes_the_contract(name):
+    """gymnax's own state goes back to gymnax untouched (MetaMaze reads its float `time` back
+    with lax.select); the contract's int32 time is kept beside it."""
+    env, params = envs.make(f"gymnax:{name}")
+    envs.check(env, params)
+    _, state = env.reset(jax.random.key(0), params)
+    assert state.time.dtype == jnp.int32 and jnp.asarray(state.inner.time).dtype == jnp.float32

@@ -287,6 +287,7 @@ def test_masked_ppo__unmasked_run_takes_illegal_actions():
     np.testing.assert_allclose(m.entropy, np.log(dungeon.NUM_ACTIONS), atol=0.01)
 
 
+@pytest.mark.xla_optimized  # unoptimised, XLA's CPU code gives this transformer's gradient a NaN (jax 0.10.2)
 def test_transformer__selected_by_static_config_and_trains_on_snake():
     env, p = envs.make("Snake-v1", size=5)
     config = ppo.PPOConfig(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=1,

@@ -62,6 +62,7 @@ def test_registry__a_representative_subset_trains_through_the_kernel_a_study_use
 @pytest.mark.parametrize("name, why", [
     ("jumanji:Sokoban-v0", "downloads its levels from the internet"),
     ("gymnax:MNISTBandit-bsuite", "downloads MNIST"),
+    ("gymnax:SimpleBandit-bsuite", "is broken in gymnax itself"),
 ])
 def test_registry__an_env_that_cannot_run_here_is_refused_in_one_line(name, why):
     (row,) = probe(name)

@@ -381,6 +381,18 @@ def test_final_phase__the_top_configurations_and_the_control_train_on_the_same_f
     assert lines[5].startswith(f"reports: {folder.reports_dir}/ (configs.csv, seeds.csv, curves.csv, final.csv, ")
 
 
+def test_final_phase__top_k_0_re_trains_nothing_and_the_summary_says_the_search_score(tmp_path, monkeypatch):
+    settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune())
+    assert settings_for(settings.study, tmp_path, top_k=0).study.top_k == 0  # --top-k 0
+    with pytest.raises(StudyError, match="--top-k must be 0 or more, got -1"):
+        settings_for(settings.study, tmp_path, top_k=-1)
+    none = dataclasses.replace(settings, study=dataclasses.replace(settings.study, top_k=0))
+    run_plans, seen = _final_kernels(tmp_path)
+    assert final_phase.run(none, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None and not seen
+    lines = summary.lines(report.build(folder), done=3, minutes=0.5)
+    assert lines[1] == "best: t0002c1 search score 31.0 (not re-evaluated)", lines
+
+
 def test_phases__population_based_training_is_kept_out_of_tpe_and_its_schedules_are_replayed(tmp_path,
                                                                                             monkeypatch):
     study = small(studies.get("cartpole_ppo"), trials=1, configs_per_trial=4, timesteps=30720)

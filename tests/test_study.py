@@ -25,6 +25,7 @@ from tests.conftest import _ray_processes, listening, stop_ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "20480", "--no-asha"]
+NO_FINAL = ["--top-k", "0"]  # for promises about the search (faults, resume): the final phase has its own tests
 
 
 STUDY_NAMES = ["ant_ppo", "cartpole_ppo", "cartpole_sac", "dungeon_ppo", "pendulum_sac", "snake_ppo"]
@@ -346,7 +347,7 @@ def _fault_once(args: list[str], env: dict, ready, fault) -> subprocess.Complete
 
 
 def _interrupt_then_resume(tmp_path, env, sig):
-    args = ["cartpole_ppo", *TINY, "--out", str(tmp_path), "--checkpoint-every", "1chunk"]
+    args = ["cartpole_ppo", *TINY, "--out", str(tmp_path), "--checkpoint-every", "1chunk", *NO_FINAL]
     root = tmp_path / "cartpole_ppo"
 
     def in_flight_with_checkpoint():  # a trial recorded, and one running that has checkpointed
@@ -414,7 +415,7 @@ def test_study__sigkill_then_same_command_finishes_without_rerunning(tmp_path, r
 def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_failing_is_recorded(tmp_path,
                                                                                                  ray_env):
     # trial 1's worker dies once, after its second chunk; it checkpointed after the first
-    every = ["--checkpoint-every", "1chunk", "--sampler", "random"]
+    every = ["--checkpoint-every", "1chunk", "--sampler", "random", *NO_FINAL]
     env = {**ray_env, "RL_HARNESS_CRASH": f"1:1:{tmp_path}", "RL_HARNESS_CRASH_CHUNK": "2"}
     r = _study("cartpole_ppo", *TINY, "--trials", "2", *every, "--out", str(tmp_path / "a"), env=env)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -455,7 +456,7 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=True)
     root = disk / "cartpole_ppo"
-    args = ["cartpole_ppo", *TINY, "--trials", "4", "--checkpoint-every", "1chunk", "--out", str(disk)]
+    args = ["cartpole_ppo", *TINY, "--trials", "4", "--checkpoint-every", "1chunk", "--out", str(disk), *NO_FINAL]
 
     def recorded() -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in (root / "trials").glob("*.json")} if root.exists() else {}

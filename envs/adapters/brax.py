@@ -92,6 +92,12 @@ def make_brax(name: str, backend: str | None = None, max_steps: int | None = Non
         raise ValueError(f"unknown brax backend {backend!r}; backends: {', '.join(BACKENDS)}")
     env = BraxEnv(name=f"brax:{name}" + (f":{backend}" if backend else ""), brax_name=name, backend=backend,
                   kwargs=tuple(sorted(kwargs.items())))
-    env.inner  # noqa: B018 - build now, so a bad constructor argument fails here
+    try:
+        env.inner  # noqa: B018 - build now, so a bad constructor argument fails here
+    except ValueError as err:
+        if backend is not None and "backend" in str(err).lower():  # swimmer runs only on 'generalized'
+            raise ValueError(f"brax:{name} does not run on the {backend!r} backend (Brax: {err}); "
+                             f"use brax:{name} for its own default backend") from None
+        raise
     params = env.default_params if max_steps is None else BraxParams(max_steps=int(max_steps))
     return env, params
