@@ -1,4 +1,5 @@
-"""Learning to a threshold, each run as one kernel vmapped over 4 seeds (the suite's slow part)."""
+"""Learning to a threshold, each run as one kernel vmapped over 4 seeds, or 2 where the threshold
+still separates and the kernel's cost grows with seeds (the suite's slow part)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_sac__balances_continuous_cartpole_on_every_seed():
     config = sac.SACConfig(hidden=(64, 64), batch_size=128, total_timesteps=60_000,
                            steps_per_chunk=500)
     returns, _ = _train_and_evaluate(sac.make(config, env, params), sac.SACHParams.default(),
-                                     config.num_chunks)
+                                     config.num_chunks, seeds=2)  # 2 seeds: 52 s, 4 seeds: 91 s (all 500)
     assert (returns >= 450).all(), returns
 
 
@@ -155,7 +156,7 @@ def test_ppo__masked_beats_unmasked_on_dungeon_crawl_and_never_acts_illegally():
                                hidden=(64, 64), activation="relu", total_timesteps=300_000,
                                updates_per_chunk=73, use_action_mask=masked)
         _, m = _train_and_evaluate(ppo.make(config, env, params), ppo.PPOHParams.default(lr=1e-3),
-                                   config.num_chunks)
+                                   config.num_chunks, seeds=2)  # 2 seeds: -0.49 vs -1.15, 54 s (4: 73 s)
         curves[masked] = np.nanmean(m.episode_return[0], axis=0)  # [updates], mean over seeds
         if masked:
             assert float(np.max(m.illegal_actions)) == 0.0
