@@ -42,8 +42,9 @@ def _fast_compile_unless_slow(request):
     """Tests in this process compile with most of XLA's optimisations off (JAX reads the option
     at every compile): their kernels are tiny, so compiling is most of their time (the kernel,
     checkpoint and PBT tests: 149 s -> 62 s). The learning tests (marked slow) run long kernels,
-    which run about twice as slowly unoptimised: they keep XLA's defaults. (A flag read at compile
-    time, not part of any cache key: no jitted function is shared between the two kinds.)"""
+    which run about twice as slowly unoptimised: they keep XLA's defaults. The flag is read at
+    compile time and is not part of JAX's cache key, so a function compiled in a fast test and
+    called again in a slow one keeps its unoptimised code: the learning tests build their own."""
     import jax
 
     keep = request.node.get_closest_marker("slow") or request.node.get_closest_marker("xla_optimized")

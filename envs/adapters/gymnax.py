@@ -84,10 +84,11 @@ class GymnaxEnv(Environment):
     def transition(self, key: jax.Array, state: GymnaxState, action: jax.Array,
                    params: GymnaxParams) -> Transition:
         obs, new, reward, done, info = self.inner.step_env(key, state.inner, action, params.inner)
-        out_of_time = state.time + 1 >= params.inner.max_steps_in_episode
+        time = state.time + 1
+        out_of_time = time >= params.inner.max_steps_in_episode
         terminated = jnp.logical_and(done, ~out_of_time)
         info = {k: v for k, v in info.items() if k != "discount"}
-        return Transition(jnp.asarray(obs, jnp.float32), GymnaxState(new, state.time + 1),
+        return Transition(jnp.asarray(obs, jnp.float32), GymnaxState(new, time),
                           jnp.asarray(reward, jnp.float32), terminated,
                           info, truncated=jnp.logical_and(done, out_of_time))
 
