@@ -17,7 +17,7 @@ import envs
 from algos import ppo, sac
 from algos.common import batched
 from algos.gae import gae
-from algos.networks import ActorCritic, SACActor, TransformerActorCritic, TwinQ
+from algos.networks import ActorCritic, SACActor, TransformerActorCritic, TwinQ, orthogonal
 from envs import dungeon
 from tests.probe_envs import Probe
 
@@ -340,3 +340,26 @@ def test_ppo_eval_policy__sample_draws_legal_actions_in_proportion_and_greedy_ta
     np.testing.assert_array_equal(a.returns, b.returns)
     g = jax.jit(greedy.evaluate)(state, jax.random.key(4))
     assert not np.array_equal(np.asarray(a.lengths), np.asarray(g.lengths))
+
+
+@pytest.mark.parametrize("shape", [(774, 32), (32, 32), (64, 1), (3, 200)])
+def test_orthogonal_init__equals_flax_for_the_same_key_and_sac_init_has_no_lapack_qr(shape):
+    """Our orthogonal initializer gives flax's matrix (same draw, same sign-fixed QR) in plain jnp:
+    LAPACK's batched QR deadlocked SAC's vmapped init on jumanji:SearchAndRescue-v0 (jaxlib 0.10)."""
+    import flax.linen as nn
+
+    for seed in range(2):
+        key = jax.random.key(seed)
+        ours, flax_q = orthogonal(1.5)(key, shape), nn.initializers.orthogonal(1.5)(key, shape)
+        np.testing.assert_allclose(ours, flax_q, atol=5e-6)
+    small, large = min(shape), max(shape)
+    q = np.asarray(orthogonal(1.0)(jax.random.key(0), (large, small)))
+    np.testing.assert_allclose(q.T @ q, np.eye(small), atol=1e-5)
+    if shape == (774, 32):  # the lanes' init compiles to no LAPACK call at all
+        env, p = envs.make("Pendulum-v1")
+        algo = sac.make(sac.SACConfig(num_envs=2, buffer_size=64, batch_size=8, learning_starts=8,
+                                      total_timesteps=32, steps_per_chunk=4, hidden=(16, 16)), env, p)
+        keys = jax.random.split(jax.random.key(0), 4).reshape(2, 2)
+        hp = jax.tree.map(lambda x: jnp.full((2,), x), sac.SACHParams.default())
+        hlo = jax.jit(batched(algo.init)).lower(keys, hp).as_text().lower()
+        assert "lapack" not in hlo and "geqrf" not in hlo
