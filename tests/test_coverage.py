@@ -24,18 +24,17 @@ from harness.coverage import probe
 pytest.importorskip("gymnax")
 pytest.importorskip("jumanji")
 
-# One env of each gymnax family and each kind of Jumanji action space, run as bench/env_coverage.py
+# One env of each gymnax family and Jumanji's single-discrete kind, run as bench/env_coverage.py
 # runs them (XLA's fastest compile: compiling is all a tiny trial costs); every row must train.
 # Also trained in this suite, to published or stated returns: gymnax's classic control (Acrobot,
-# MountainCarContinuous: tests/test_learning.py) and two Brax robots (inverted_pendulum:
-# tests/test_locomotion.py; ant: the ant_ppo smoke study in tests/test_study.py).
+# MountainCarContinuous: tests/test_learning.py), Jumanji's multi-discrete kinds (a joint mask made
+# one Discrete: Minesweeper, Tetris; a mask row per agent: Connector; below) and two Brax robots
+# (inverted_pendulum: tests/test_locomotion.py; ant: the ant_ppo smoke study in tests/test_study.py).
 SUBSET = {
     "gymnax:Breakout-MinAtar": "MinAtar (a grid of bools)",
     "gymnax:Catch-bsuite": "bsuite",
     "gymnax:FourRooms-misc": "misc",
     "jumanji:Maze-v0": "DiscreteArray with a mask",
-    "jumanji:Minesweeper-v0": "MultiDiscreteArray with a joint mask: one Discrete of rows x columns",
-    "jumanji:LevelBasedForaging-v0": "MultiDiscreteArray with a mask row per agent: MultiDiscrete",
 }
 
 
@@ -54,9 +53,7 @@ def test_registry__a_representative_subset_trains_through_the_kernel_a_study_use
     bad = rows[rows.status != "trains"]
     assert bad.empty, bad[["env", "algo", "status", "reason"]].to_string()
     assert (rows.steps_per_s > 0).all() and np.isfinite(rows.final_return).all()
-    spaces = rows.set_index("env").action_space
-    assert spaces["jumanji:LevelBasedForaging-v0"] == "MultiDiscrete([6, 6])"
-    assert spaces["jumanji:Minesweeper-v0"] == "Discrete(100)"
+    assert rows.set_index("env").action_space["jumanji:Maze-v0"] == "Discrete(4)"
 
 
 @pytest.mark.parametrize("name, why", [
@@ -70,6 +67,8 @@ def test_registry__an_env_that_cannot_run_here_is_refused_in_one_line(name, why)
 
 
 def test_jumanji__masks_map_to_the_policys_actions():
+    sweeper, sp = envs.make("jumanji:Minesweeper-v0")  # a board-shaped joint mask: one Discrete
+    assert sweeper.action_space(sp) == envs.Discrete(10 * 10)
     tetris, params = envs.make("jumanji:Tetris-v0", num_rows=6, num_cols=6)
     assert tetris.action_space(params) == envs.Discrete(4 * 6)  # rotation x column: a joint mask
     connector, cp = envs.make("jumanji:Connector-v3")  # 10 agents, 5 moves each: a mask row per agent
