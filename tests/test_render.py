@@ -56,8 +56,8 @@ def test_render__a_brax_robot_is_drawn_from_its_states_and_follows_them():
 
 
 def test_play__a_kept_robot_policy_is_re_evaluated_and_drawn_by_mujoco_at_most_200_frames(tmp_path):
-    """What ``harness.play`` does with a Brax study's kept policy (ant_ppo's smoke study keeps
-    one the same way), on the cheapest robot: an untrained policy on the inverted pendulum."""
+    """What ``harness.play`` does with a Brax study's kept policy (the final phase keeps one the
+    same way), on the cheapest robot: an untrained policy on the inverted pendulum."""
     pytest.importorskip("brax")
     from dataclasses import asdict
 

@@ -297,14 +297,17 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
 @pytest.mark.slow
 def test_study__robot_study_smoke_runs(tmp_path, ray_env):
     pytest.importorskip("brax")
-    r = _study("ant_ppo", "--smoke", "--trials", "1", "--out", str(tmp_path), env=ray_env)
+    # the search only: the final phase's re-training (4 more Ant kernels, about 60 s here) is the
+    # same code on every env, tested end to end by the cartpole smoke study above
+    r = _study("ant_ppo", "--smoke", "--trials", "1", *NO_FINAL, "--out", str(tmp_path), env=ray_env)
     assert r.returncode == 0, r.stdout + r.stderr
-    best = json.loads((tmp_path / "ant_ppo-smoke" / "reports" / "best.json").read_text())
+    root = tmp_path / "ant_ppo-smoke"
+    assert [rec["status"] for rec in ResultsFolder(root).trials()] == ["complete"]
+    best = json.loads((root / "reports" / "best.json").read_text())
     # Ant earns 1 per step for staying up: a run that fell at once would score far lower
-    assert best["reevaluation"]["mean"] > 300, best["reevaluation"]
-    assert best["reproduce"]["command"].count("--env brax:ant:positional") == 1
-    assert ResultsFolder(tmp_path / "ant_ppo-smoke").kept_policies() == [best["config_id"]]
-    # watching it (harness.play draws a kept robot policy with MuJoCo): tests/test_render.py
+    assert best["search_score"] > 300 and best["reevaluation"] is None, best
+    assert "search score" in r.stdout and "(not re-evaluated)" in r.stdout
+    # keeping and watching a robot policy (harness.play draws it with MuJoCo): tests/test_render.py
 
 
 @pytest.mark.slow
