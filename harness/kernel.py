@@ -201,13 +201,7 @@ class TrialRunner:
     def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
         self.plan = plan
         self.config = build_config(plan.algo, plan.config)
-        if plan.objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {plan.objective!r}; choose from {', '.join(OBJECTIVES)}")
-        if plan.objective != "final" and plan.curve_episodes < 1:
-            raise ValueError(f"objective {plan.objective!r} needs an evaluation after every chunk "
-                             "(curve_episodes >= 1)")
-        if plan.objective == "steps" and plan.threshold is None:
-            raise ValueError("objective 'steps' needs a threshold")
+        _check_objective(plan)
         self._init, self._chunk, self._evaluate, self.algo = _compiled(plan.env, plan.algo, self.config,
                                                                         plan.curve_episodes)
         self.train_keys, self.eval_keys = keys_for(plan)
@@ -350,8 +344,7 @@ class TrialRunner:
 
         state = self._gather(_key_data)
         hps = self._gather_hps()
-        curves = [{**{f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "pbt"},
-                   "pbt": json.dumps(r.pbt) if r.pbt else ""} for r in self.curves]
+        curves = [_report_record(r) for r in self.curves]
         return serialization.msgpack_serialize({
             "format": SNAPSHOT_FORMAT, "plan": json.dumps(dataclasses.asdict(self.plan), sort_keys=True),
             "state": {str(i): x for i, x in enumerate(jax.tree.leaves(state))},
@@ -389,12 +382,7 @@ class TrialRunner:
                 lambda new, old, p=padded: _rekey(new[p], old), state, self.states[g]))
             self.hps[g] = jax.device_put(jax.tree.map(lambda x, p=padded: x[p], hps))
         self.hparams = json.loads(snap["hparams"])
-        self.curves = []
-        for i in range(len(snap["curves"])):
-            c = dict(snap["curves"][str(i)])
-            c["pbt"] = json.loads(c["pbt"]) if c["pbt"] else None
-            self.curves.append(ChunkReport(**{k: (v if isinstance(v, np.ndarray) or not hasattr(v, "item")
-                                                  else v.item()) for k, v in c.items()}))
+        self.curves = [_report_from_record(snap["curves"][str(i)]) for i in range(len(snap["curves"]))]
         self.steps = int(snap["steps"])
         self.kernel_s, self.compile_s = float(snap["kernel_seconds"]), float(snap["compile_seconds"])
         self.restored_chunks = len(self.curves)
@@ -443,6 +431,34 @@ class TrialRunner:
         final = np.where(diverged, np.nan, np.concatenate(returns))
         return TrialResult(np.where(diverged, np.nan, self._objective(final)), final, diverged, self.steps,
                            self.kernel_s, self.compile_s, self.curves, self.hparams)
+
+
+def _check_objective(plan: TrialPlan) -> None:
+    if plan.objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {plan.objective!r}; choose from {', '.join(OBJECTIVES)}")
+    if plan.objective != "final" and plan.curve_episodes < 1:
+        raise ValueError(f"objective {plan.objective!r} needs an evaluation after every chunk "
+                         "(curve_episodes >= 1)")
+    if plan.objective == "steps" and plan.threshold is None:
+        raise ValueError("objective 'steps' needs a threshold")
+
+
+def _report_record(r: ChunkReport) -> dict[str, Any]:
+    """A chunk's report as a snapshot holds it (msgpack: PBT's decisions as a JSON string)."""
+    import dataclasses
+    import json
+
+    return {**{f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "pbt"},
+            "pbt": json.dumps(r.pbt) if r.pbt else ""}
+
+
+def _report_from_record(record: dict[str, Any]) -> ChunkReport:
+    import json
+
+    c = dict(record)
+    c["pbt"] = json.loads(c["pbt"]) if c["pbt"] else None
+    return ChunkReport(**{k: (v if isinstance(v, np.ndarray) or not hasattr(v, "item") else v.item())
+                          for k, v in c.items()})
 
 
 def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = None, *,

@@ -48,7 +48,10 @@ def test_ppo__solves_cartpole_on_every_seed_within_500k_steps():
 
 def test_sac__swings_up_pendulum_on_every_seed_within_20k_steps():
     env, params = envs.make("Pendulum-v1")
-    config = sac.SACConfig(hidden=(64, 64), total_timesteps=20_000, steps_per_chunk=250)
+    # 2 updates of 128 per step (the default: 4 of 256): 24 s instead of 60, the same returns
+    # (-89, -147, -144, -122 against -93, -147, -144, -121)
+    config = sac.SACConfig(hidden=(64, 64), total_timesteps=20_000, steps_per_chunk=250, updates_per_step=2,
+                           batch_size=128)
     returns, metrics = _train_and_evaluate(sac.make(config, env, params), sac.SACHParams.default(),
                                            config.num_chunks)
     assert int(metrics.env_steps[0, 0, -1]) <= 20_000
