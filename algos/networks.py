@@ -15,40 +15,23 @@ Activation = Literal["tanh", "relu"]
 _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 
 
-def _householder_q(a: jax.Array) -> jax.Array:
-    """The ``Q`` of ``a = QR`` (``a`` is ``[m, n]``, ``m >= n``; ``Q`` is ``[m, n]``) with ``R``'s
-    diagonal made non-negative, by Householder reflections in plain jnp: the unique factor that
-    ``jnp.linalg.qr`` followed by a sign fix gives, without LAPACK's batched QR, which deadlocks
-    under ``vmap`` on jaxlib 0.10's CPU backend (SAC's init on jumanji:SearchAndRescue-v0 hung
-    in ``QrFactorizationKernel``, every thread waiting)."""
-    m, n = a.shape
-    rows = jnp.arange(m)
-
-    def reflect(j: int, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple:
-        r, vs, signs = carry
-        x = jnp.where(rows >= j, r[:, j], 0.0)
-        sign = jnp.where(x[j] < 0, -1.0, 1.0)
-        alpha = -sign * jnp.linalg.norm(x)  # the new R[j, j]; its opposite sign avoids cancellation
-        v = x.at[j].add(-alpha)
-        v = v / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(a.dtype).tiny)
-        r = r - 2.0 * jnp.outer(v, v @ r)
-        return r, vs.at[j].set(v), signs.at[j].set(jnp.where(alpha < 0, -1.0, 1.0))
-
-    _, vs, signs = jax.lax.fori_loop(0, n, reflect, (a, jnp.zeros((n, m), a.dtype), jnp.ones(n, a.dtype)))
-    q = jax.lax.fori_loop(0, n, lambda i, q: q - 2.0 * jnp.outer(vs[n - 1 - i], vs[n - 1 - i] @ q),
-                          jnp.eye(m, n, dtype=a.dtype))  # H_1 ... H_n applied to I[:, :n]
-    return q * signs
+@jax.custom_batching.sequential_vmap
+def _orthonormal_columns(z: jax.Array) -> jax.Array:
+    """``Q`` of ``z = QR`` (``z`` ``[m, n]``, ``m >= n``) with ``R``'s diagonal made positive, as
+    ``jax.random.orthogonal`` computes it; under ``vmap`` one matrix at a time (a loop), never
+    LAPACK's batched QR, which deadlocked SAC's vmapped init on jumanji:SearchAndRescue-v0
+    (jaxlib 0.10 CPU: every thread waiting, two of them in ``QrFactorizationKernel``)."""
+    q, r = jnp.linalg.qr(z)
+    return q * jnp.sign(jnp.diagonal(r))[None, :]
 
 
 def orthogonal(scale: float = 1.0) -> nn.initializers.Initializer:
-    """``nn.initializers.orthogonal(scale)`` for 2-D kernels, the same matrix for the same key
-    (the same normal draw and QR as ``jax.random.orthogonal``), with the QR in plain jnp
-    (``_householder_q``)."""
+    """``nn.initializers.orthogonal(scale)`` for 2-D kernels, bit for bit (the same normal draw and
+    QR), with the QR unbatched under ``vmap`` (:func:`_orthonormal_columns`)."""
 
     def init(key: jax.Array, shape: Sequence[int], dtype: jnp.dtype = jnp.float32) -> jax.Array:
         rows, cols = shape
-        z = jax.random.normal(key, (max(rows, cols), min(rows, cols)), dtype)
-        q = _householder_q(z)
+        q = _orthonormal_columns(jax.random.normal(key, (max(rows, cols), min(rows, cols)), dtype))
         return jnp.asarray(scale, dtype) * (q.T if rows < cols else q)
 
     return init
