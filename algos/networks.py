@@ -30,6 +30,8 @@ def orthogonal(scale: float = 1.0) -> nn.initializers.Initializer:
     QR), with the QR unbatched under ``vmap`` (:func:`_orthonormal_columns`)."""
 
     def init(key: jax.Array, shape: Sequence[int], dtype: jnp.dtype = jnp.float32) -> jax.Array:
+        if len(shape) != 2:
+            raise ValueError(f"orthogonal: a 2-D kernel shape, got {tuple(shape)}")
         rows, cols = shape
         q = _orthonormal_columns(jax.random.normal(key, (max(rows, cols), min(rows, cols)), dtype))
         return jnp.asarray(scale, dtype) * (q.T if rows < cols else q)

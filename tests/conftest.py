@@ -29,7 +29,8 @@ def cache_home(tmp_path_factory):
 # The benchmarks' tiny runs compile at XLA's lowest optimisation level: their kernels are tiny, so
 # compiling is most of their time (a Brax trial: 31 s instead of 44 s, identical results; in CI,
 # pbt_search's tiny run 64 s instead of 136 s). Everything else keeps the default: the learning
-# tests' long kernels run twice as slowly at that level, and the Ant smoke study took 358 s, not 304.
+# tests' long kernels run twice as slowly at that level, and the Ant smoke study (with its final
+# phase, when measured) took 358 s, not 304: its kernels run long enough for the slower code to count.
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 
 

@@ -343,24 +343,27 @@ def test_ppo_eval_policy__sample_draws_legal_actions_in_proportion_and_greedy_ta
 
 
 @pytest.mark.parametrize("shape", [(774, 32), (32, 32), (64, 1), (3, 200)])
-def test_orthogonal_init__is_flaxs_bit_for_bit_and_the_lanes_init_never_batches_lapacks_qr(shape):
+def test_orthogonal_init__is_flaxs_bit_for_bit_also_under_vmap(shape):
     """LAPACK's batched QR deadlocked SAC's vmapped init on jumanji:SearchAndRescue-v0 (jaxlib 0.10
     CPU); our orthogonal initializer gives flax's matrices exactly, one QR at a time under vmap."""
-    import re
-
     import flax.linen as nn
 
     keys = jax.random.split(jax.random.key(0), 3)
-    ours = jax.jit(jax.vmap(lambda k: orthogonal(1.5)(k, shape)))(keys)
-    theirs = jax.jit(jax.vmap(lambda k: nn.initializers.orthogonal(1.5)(k, shape)))(keys)
-    np.testing.assert_array_equal(ours, theirs)
+    theirs = np.stack([nn.initializers.orthogonal(1.5)(k, shape) for k in keys])  # unbatched QRs
+    np.testing.assert_array_equal(jax.jit(jax.vmap(lambda k: orthogonal(1.5)(k, shape)))(keys), theirs)
     np.testing.assert_array_equal(orthogonal(1.5)(keys[0], shape), theirs[0])
-    if shape == (774, 32):  # every QR in the lanes' init takes one matrix
-        env, p = envs.make("Pendulum-v1")
-        algo = sac.make(sac.SACConfig(num_envs=2, buffer_size=64, batch_size=8, learning_starts=8,
-                                      total_timesteps=32, steps_per_chunk=4, hidden=(16, 16)), env, p)
-        lanes = jax.random.split(jax.random.key(0), 4).reshape(2, 2)
-        hp = jax.tree.map(lambda x: jnp.full((2,), x), sac.SACHParams.default())
-        hlo = jax.jit(batched(algo.init)).lower(lanes, hp).as_text()
-        operands = re.findall(r"custom_call @\w*geqrf\w*\(.*: \(tensor<([0-9x]+?)xf32>\)", hlo)
-        assert operands and all(o.count("x") == 1 for o in operands), operands
+    with pytest.raises(ValueError, match="2-D"):
+        orthogonal()(keys[0], (2, 3, 4))
+
+
+def test_orthogonal_init__no_qr_in_the_lanes_init_takes_a_batch():
+    import re
+
+    env, p = envs.make("Pendulum-v1")
+    algo = sac.make(sac.SACConfig(num_envs=2, buffer_size=64, batch_size=8, learning_starts=8,
+                                  total_timesteps=32, steps_per_chunk=4, hidden=(16, 16)), env, p)
+    lanes = jax.random.split(jax.random.key(0), 4).reshape(2, 2)
+    hp = jax.tree.map(lambda x: jnp.full((2,), x), sac.SACHParams.default())
+    hlo = jax.jit(batched(algo.init)).lower(lanes, hp).as_text()
+    operands = re.findall(r"custom_call @\w*geqrf\w*\(.*: \(tensor<([0-9x]+?)xf32>\)", hlo)
+    assert operands and all(o.count("x") == 1 for o in operands), operands  # [m, n]: one matrix each
