@@ -138,6 +138,13 @@ def test_multidiscrete__space_samples_inside_and_the_check_accepts_it():
     envs.check(Bits(), BitsParams())
 
 
+def test_multidiscrete__an_env_goes_through_the_kernel_a_trial_uses():
+    """The probe the coverage sweep runs (envs.check, then a trial's kernel: 2 configs x 2 seeds)."""
+    (row,) = probe("tests.test_coverage:Bits")
+    assert (row.algo, row.status, row.action_space) == ("ppo", "trains", "MultiDiscrete([2, 3])"), row
+    assert row.steps_per_s > 0 and 0.0 <= row.final_return <= 1.0
+
+
 def test_ppo__multidiscrete_learns_one_categorical_per_sub_action_and_obeys_each_rows_mask():
     env, params = Bits(), BitsParams()
     config = ppo.PPOConfig(num_envs=16, num_steps=8, num_minibatches=2, update_epochs=4, updates_per_chunk=40,
