@@ -23,6 +23,11 @@ def _fail(env: Environment, what: str) -> EnvContractError:
     return EnvContractError(f"env {getattr(env, 'name', type(env).__name__)!r}: {what}")
 
 
+# The check runs its rollout once: compiling fast matters more than running fast (XLA's lowest
+# optimisation level; a Brax Ant's check: see bench/RESULTS.md).
+_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
 def check(env: Environment, params: Any, steps: int = 64) -> None:
     """Checks ``env`` with ``params`` against the contract.
 
@@ -87,7 +92,8 @@ def check(env: Environment, params: Any, steps: int = 64) -> None:
             limit_keys)
 
     try:
-        out, limit = run(keys, params, jax.random.split(jax.random.key(1), 8))
+        args = (keys, params, jax.random.split(jax.random.key(1), 8))
+        out, limit = run.lower(*args).compile(_FAST_COMPILE)(*args)
     except Exception as err:
         raise _fail(env, f"step failed when compiled and run: {_first_line(err)}") from None
     if not np.isfinite(np.asarray(out.obs)).all() or not np.isfinite(np.asarray(out.reward)).all():

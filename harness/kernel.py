@@ -8,6 +8,7 @@ functions are cached per process, so a reused worker compiles a static config on
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -249,6 +250,7 @@ class TrialRunner:
             self._shrink(err)
             return
         self.compile_s += time.perf_counter() - t0
+        self._eval_compile = _compile_soon(self._evaluate, self.states[0], self.group_eval_keys[0])
 
     def _shrink(self, err: BaseException) -> None:
         if not is_out_of_memory(err):
@@ -422,6 +424,7 @@ class TrialRunner:
         """Deterministic evaluation of every run on the evaluation seeds; each run's score
         under the plan's objective."""
         t = time.perf_counter()
+        self._eval_compile.join()  # the evaluation compiled meanwhile; the call below finds it cached
         returns = []
         for idx, st, keys in zip(self.groups, self.states, self.group_eval_keys, strict=True):
             ev = self._evaluate(st, keys)
@@ -431,6 +434,25 @@ class TrialRunner:
         final = np.where(diverged, np.nan, np.concatenate(returns))
         return TrialResult(np.where(diverged, np.nan, self._objective(final)), final, diverged, self.steps,
                            self.kernel_s, self.compile_s, self.curves, self.hparams)
+
+
+def _compile_soon(jitted: Any, *args: Any) -> threading.Thread:
+    """Compiles ``jitted`` for the shapes of ``args`` on a thread of its own (XLA's compiler
+    releases the GIL), so a trial's final evaluation compiles while its chunks run; the call at
+    the end finds it in JAX's cache. A compile that fails here is only lost time: the call raises."""
+    import jax
+
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)  # the state is donated
+
+    def compile_() -> None:
+        try:
+            jitted.lower(*shapes).compile()
+        except Exception:
+            pass
+
+    thread = threading.Thread(target=compile_, name="compile-evaluate", daemon=True)
+    thread.start()
+    return thread
 
 
 def _check_objective(plan: TrialPlan) -> None:

@@ -147,3 +147,17 @@ def listening(pids: list[int]) -> list[tuple[int, str, int]]:
             if link.startswith("socket:[") and link[8:-1] in by_inode:
                 out.append((pid, *by_inode[link[8:-1]]))
     return out
+
+
+# -- running the suite on both cores (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) -----
+# Every test that starts a Ray of its own runs in one group, one after another on one worker: two
+# Rays side by side on 2 cores would turn Ray's startup waits into races. The other worker takes the
+# learning tests and the rest meanwhile.
+RAY_BENCHES = {"pbt_search.py", "study_load.py", "study_throughput.py"}  # the benchmarks that start Ray
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        script = getattr(item, "callspec", None) and item.callspec.params.get("script")
+        if "ray_env" in item.fixturenames or script in RAY_BENCHES:
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -98,8 +98,11 @@ def test_brax_inverted_pendulum__every_seed_of_one_kernel_balances():
     hps = jax.tree.map(lambda x: x[None], hp)  # [C=1]
     keys = jax.random.split(jax.random.key(0), seeds).reshape(1, seeds)
     state = jax.jit(batched(algo.init))(keys, hps)
+    evaluate = jax.jit(batched(algo.evaluate, hparams_argnum=None))
+    untrained = np.asarray(evaluate(state, keys).return_mean)
     chunk = jax.jit(batched(algo.chunk))
     for _ in range(cfg.num_chunks):
         state, _ = chunk(state, hps)
-    returns = np.asarray(jax.jit(batched(algo.evaluate, hparams_argnum=None))(state, keys).return_mean)
+    returns = np.asarray(evaluate(state, keys).return_mean)
     assert returns.shape == (1, seeds) and np.all(returns >= 950), returns  # 1000: never fell
+    assert np.all(untrained < 500), untrained  # the untrained policy falls
