@@ -279,6 +279,7 @@ class StudyTrial(tune.Trainable):
             self.watchdog.idle()
             return {"done": True, "error": self.failure, "score": float("nan")}
         _maybe_crash(self.plan, r.chunk)
+        _maybe_hold(r.chunk)
         self.last.update(resumed_after_chunk=self.runner.restored_chunks, checkpoints=self.checkpoints,
                          checkpoint_seconds=self.checkpoint_seconds, restored_curves=self.restored_curves)
         self.restored_curves = ""
@@ -373,3 +374,19 @@ def _maybe_crash(plan: Any, chunk: int) -> None:
     if attempts < int(times):
         open(os.path.join(folder, f"crash-{trial}-{attempts}"), "w").close()
         os._exit(1)
+
+
+def _maybe_hold(chunk: int) -> None:
+    """Fault injection for the two-node test: ``RL_HARNESS_HOLD=IP:DIR`` makes a trial on the node
+    at IP stop after its second chunk (its first checkpointed), say so in ``DIR/hold-PID`` and wait
+    there, up to 300 s, for the test to kill its node."""
+    spec = os.environ.get("RL_HARNESS_HOLD")
+    if not spec or chunk != 2:
+        return
+    import ray
+
+    ip, folder = spec.split(":", 1)
+    if ray.util.get_node_ip_address() != ip:
+        return
+    open(os.path.join(folder, f"hold-{os.getpid()}"), "w").close()
+    time.sleep(300)

@@ -8,8 +8,8 @@ Needs root and iproute2 (`ip netns`); skipped without them."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
-import json
 import os
 import secrets
 import shutil
@@ -97,22 +97,11 @@ def _netns(pid: int) -> str:
         return ""
 
 
-def _trial_checkpointed_on(tune_dir: Path, node_ip: str) -> Path | None:
-    """A Tune trial folder whose newest result came from ``node_ip`` and that holds a kernel checkpoint."""
-    for trial in tune_dir.glob("run-*/trial_*"):
-        try:
-            lines = (trial / "result.json").read_text().splitlines()
-            last = json.loads(lines[-1]) if lines else {}
-        except (OSError, ValueError):
-            continue
-        if last.get("node_ip") == node_ip and list(trial.glob("checkpoint_*/kernel.msgpack")):
-            return trial
-    return None
-
-
 def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_trial_to_the_head(tmp_path, ray_env):
-    out = tmp_path / "out"
-    with two_node_cluster(ray_env, tmp_path) as c:
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    hold.mkdir()
+    # a trial on the worker node stops after its second chunk (its first checkpointed) and waits
+    with two_node_cluster({**ray_env, "RL_HARNESS_HOLD": f"{SUBNET[2]}:{hold}"}, tmp_path) as c:
         # each namespace's identity, read by a process inside it (its own /proc/self, so it cannot have exited)
         head_net, worker_net = (c.run(ns, "readlink", "/proc/self/ns/net").stdout.strip()
                                 for ns in (c.head_ns, c.worker_ns))
@@ -125,17 +114,24 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=c.env, cwd=ROOT)
         try:
             deadline = time.monotonic() + 400
-            while (moved := _trial_checkpointed_on(out / "cartpole_ppo" / "tune", c.worker_ip)) is None:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-                time.sleep(0.5)
+
+            def wait_for(found):
+                while (x := found()) is None:
+                    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+                    time.sleep(0.1)
+                return x
+
+            wait_for(lambda: next(hold.glob("hold-*"), None))  # the worker's trial waits, mid-run
             sockets = listening([proc.pid, *_ray_processes(ray_env["RAY_TMPDIR"])])
             # read while they live (a PID that exited since reads "" and no longer listens)
             socket_nets = {pid: net for pid, _, _ in sockets if (net := _netns(pid))}
             addresses = {ns: _ip("-n", ns, "-o", "addr").split() for ns in (c.head_ns, c.worker_ns)}
-            raylets = [int(p) for p in _ip("netns", "pids", c.worker_ns).split()
-                       if Path(f"/proc/{p}/comm").read_text().strip() == "raylet"]
+            on_worker = [int(p) for p in _ip("netns", "pids", c.worker_ns).split()]
+            raylets = [p for p in on_worker if Path(f"/proc/{p}/comm").read_text().strip() == "raylet"]
             assert len(raylets) == 1, raylets
-            os.kill(raylets[0], signal.SIGKILL)  # the worker node dies with a trial mid-run on it
+            for pid in on_worker:  # the worker node dies (its raylet and its workers) with a trial mid-run on it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             log, _ = proc.communicate(timeout=600)
         finally:
             if proc.poll() is None:
@@ -154,9 +150,9 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
 
     records = ResultsFolder(out / "cartpole_ppo").trials()
     assert sorted(r["trial"] for r in records) == [0, 1, 2] and {r["status"] for r in records} == {"complete"}
-    by_id = {r["tune_trial_id"]: r for r in records}
-    resumed = by_id[moved.name.removeprefix("trial_")]
-    assert resumed["nodes"] == [c.worker_ip, c.head_ip], resumed["nodes"]  # moved to the head ...
+    moved = [r for r in records if r["nodes"] == [c.worker_ip, c.head_ip]]
+    assert len(moved) == 1, [(r["trial"], r["nodes"]) for r in records]  # moved to the head ...
+    resumed = moved[0]
     assert resumed["resumed_after_chunk"] >= 1  # ... and went on from its checkpoint, not from step 0
     assert [row["chunk"] for row in resumed["curves"]] == list(range(1, 9))  # every chunk's curve, once
     assert {ip for r in records for ip in r["nodes"]} == {c.head_ip, c.worker_ip}
