@@ -69,38 +69,54 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     candidates = {cid: candidate(records, cid) for cid in top["config_id"]}
     params, static, hparams = settings.control(budget.timesteps)
     candidates[CONTROL] = Candidate(params, static, hparams)
-    rounds = -(-settings.study.final_seeds // budget.seeds)
+    rounds = rounds_of(settings, budget)
     plans, members = final_plans(settings, budget, candidates, records, rounds)
     widths = ", ".join(sorted({str(len(p.hparams)) for p in plans}))
     say(f"re-training the top {len(top)} configurations and the default one on {rounds * budget.seeds} fresh "
         f"seeds ({len(plans)} kernels, {widths} configs x {budget.seeds} seeds) ...")
     run_plans = run_plans or (lambda p: tune_plans(settings, folder, placement, guard, p))
-    results = run_plans(plans)
-    runs: dict[str, list] = {cid: [] for cid in candidates}
-    for plan, batch, res in zip(plans, members, results, strict=True):
-        for i, cid in enumerate(batch):
-            runs[cid].append((plan, i, res))
+    runs = collect(plans, members, run_plans(plans))
     out = {}
-    for cid, parts in runs.items():
-        c = candidates[cid]
-        failed = any(res is None for _, _, res in parts)
-
-        def joined(key: str, parts: list = parts, failed: bool = failed) -> list | None:
-            return None if failed else [v for _, i, res in parts for v in res[key][i]]
+    for cid, c in candidates.items():
+        parts = runs[cid]
         out[cid] = {"config_id": cid, "params": c.params, "hparams": c.hparams, "static": c.static,
-                    "failed": failed, "scores": joined("scores"), "final_returns": joined("final_returns"),
-                    "diverged": joined("diverged"),
+                    **joined(parts),
                     "plans": [{"plan": dataclasses.asdict(plan), "config_index": i} for plan, i, _ in parts],
                     "command": train_command(settings, folder, c, rounds * budget.seeds, cid)}
         if c.schedule:
             out[cid].update(schedule=c.schedule, lineage=c.lineage)
-        if not failed and cid != CONTROL:
+        if not out[cid]["failed"] and cid != CONTROL:
             keep_policies(settings, folder, cid, c, parts)
     control = out.pop(CONTROL)
     final = {"trials": numbers, "configs": list(out.values()), "control": control,
              "objective": settings.study.objective}
     folder.write_final(final)
     return final
+
+
+Part = tuple[TrialPlan, int, dict[str, Any] | None]  # a kernel, a candidate's index in it, its result
+
+
+def collect(plans: list[TrialPlan], members: list[list[str]],
+            results: list[dict[str, Any] | None]) -> dict[str, list[Part]]:
+    """Each candidate's parts: the kernels that trained it (one per round of seeds)."""
+    runs: dict[str, list[Part]] = {}
+    for plan, batch, res in zip(plans, members, results, strict=True):
+        for i, cid in enumerate(batch):
+            runs.setdefault(cid, []).append((plan, i, res))
+    return runs
+
+
+def joined(parts: list[Part]) -> dict[str, Any]:
+    """A candidate's per-seed results over its rounds, in seed order (None: a kernel failed)."""
+    failed = any(res is None for _, _, res in parts)
+    return {"failed": failed, **{key: None if failed else [v for _, i, res in parts for v in res[key][i]]  # type: ignore[index]
+                                 for key in ("scores", "final_returns", "diverged")}}
+
+
+def rounds_of(settings: Settings, budget: Budget) -> int:
+    """Rounds of S fresh seeds the re-training runs (at least the study's final_seeds in all)."""
+    return -(-settings.study.final_seeds // budget.seeds)
 
 
 def candidate(records: list[dict[str, Any]], cid: str) -> Candidate:

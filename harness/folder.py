@@ -120,6 +120,10 @@ class ResultsFolder:
         return self.root / "final.json"
 
     @property
+    def ablation_file(self) -> Path:
+        return self.root / "ablation.json"
+
+    @property
     def session_file(self) -> Path:
         return self.root / "ray-session.json"
 
@@ -227,6 +231,12 @@ class ResultsFolder:
 
     def write_final(self, final: dict[str, Any]) -> None:
         write_json(self.final_file, final)
+
+    def ablation(self) -> dict[str, Any] | None:
+        return read_json(self.ablation_file) if self.ablation_file.exists() else None
+
+    def write_ablation(self, ablation: dict[str, Any]) -> None:
+        write_json(self.ablation_file, ablation)
 
     # -- trials in flight ------------------------------------------------------------------------
     def note_inflight(self, entry: InFlight) -> None:

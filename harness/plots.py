@@ -3,6 +3,8 @@
     reports/curves.png        learning curves of the top configurations, bootstrap 95% bands over seeds
     reports/params.png        score against each searched hyperparameter (log axes for log spaces)
     reports/progress.png      best score so far against trial number
+    reports/importance.png    each hyperparameter's importance by fANOVA and PED-ANOVA
+    reports/ablation.png      the ablation path from the default to the best configuration, 95% CIs
     reports/index.html        leaderboard, the plots, the best configuration
 """
 
@@ -131,6 +133,40 @@ def progress_plot(configs: pd.DataFrame, metric: str, maximize: bool, path: Path
     return _save(plt, fig, path, ax)
 
 
+def importance_plot(imp: pd.DataFrame, path: Path) -> Path | None:
+    """Horizontal bars: each hyperparameter's importance over all configurations, per evaluator."""
+    rows = imp[imp["scope"] == "all"]
+    if not len(rows):
+        return None
+    wide = rows.pivot(index="param", columns="evaluator", values="importance").fillna(0.0)
+    wide = wide.loc[wide.mean(axis=1).sort_values().index]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.4 * len(wide)))
+    height = 0.8 / len(wide.columns)
+    for i, ev in enumerate(wide.columns):
+        ax.barh(np.arange(len(wide)) + i * height, wide[ev], height=height, label=ev)
+    ax.set_yticks(np.arange(len(wide)) + 0.4 - height / 2, wide.index)
+    ax.set(xlabel="importance (normalised; sums to 1 per evaluator)",
+           title=f"hyperparameter importance over {int(rows['configs'].iloc[0])} configurations")
+    return _save(plt, fig, path, ax)
+
+
+def ablation_plot(abl: pd.DataFrame, path: Path, objective: str = "final") -> Path | None:
+    """The path as steps: the score after each switch with its 95% CI, from the default to the best."""
+    if len(abl) < 2:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 1 + 0.9 * len(abl)), 3.8))
+    x = np.arange(len(abl))
+    ax.step(x, abl["mean"], where="mid", color="tab:blue", alpha=0.5)
+    ax.errorbar(x, abl["mean"], yerr=[abl["mean"] - abl["ci_low"], abl["ci_high"] - abl["mean"]],
+                fmt="o", capsize=4, color="tab:blue", label="score after the switch (95% CI over seeds)")
+    ax.set_xticks(x, [f"{p}\n{v}" if v else p for p, v in zip(abl["param"], abl["value"], strict=True)],
+                  fontsize=8)
+    ax.set(ylabel=f"score ({objective})", title="ablation path: default -> best, the largest gain first")
+    return _save(plt, fig, path, ax)
+
+
 def index_html(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, images: list[Path],
                best: dict[str, Any] | None) -> Path:
     table = configs.head(20).to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="",
@@ -149,7 +185,8 @@ img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;font-size:12px;overflo
 <p>{html.escape(meta.env)} / {html.escape(meta.algo)}; budget
 {html.escape(json.dumps(meta.budget))}. Files: <a href="configs.csv">configs.csv</a>,
 <a href="seeds.csv">seeds.csv</a>, <a href="curves.csv">curves.csv</a>, <a href="final.csv">final.csv</a>,
-<a href="best.json">best.json</a>.</p>
+<a href="best.json">best.json</a>, <a href="importance.csv">importance.csv</a>,
+<a href="ablation.csv">ablation.csv</a>.</p>
 <h2>Best configuration</h2>{best_html}
 <h2>Leaderboard (top 20)</h2>{table}
 <h2>Plots</h2>{imgs}
@@ -237,7 +274,8 @@ def _params(default: dict[str, Any]) -> str:
 
 
 def build(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, curves: pd.DataFrame,
-          best: dict[str, Any] | None, pbt: pd.DataFrame | None = None) -> dict[str, Path]:
+          best: dict[str, Any] | None, pbt: pd.DataFrame | None = None, importance: pd.DataFrame | None = None,
+          ablation: pd.DataFrame | None = None) -> dict[str, Path]:
     """Writes the plots and index.html under the folder's ``reports/``; returns their paths (no
     plots for a study with no record yet: its page says nothing has been scored)."""
     metric, objective = meta.metric, meta.objective
@@ -245,7 +283,9 @@ def build(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, curves:
         curves_plot(configs, curves, folder.report("curves.png"), objective, meta.eval_policy),
         params_plot(configs, meta.space, metric, folder.report("params.png"), objective),
         progress_plot(configs, metric, meta.maximize, folder.report("progress.png"), objective),
-        pbt_plot(configs, pbt, folder.report("pbt.png")) if pbt is not None else None]
+        pbt_plot(configs, pbt, folder.report("pbt.png")) if pbt is not None else None,
+        importance_plot(importance, folder.report("importance.png")) if importance is not None else None,
+        ablation_plot(ablation, folder.report("ablation.png"), objective) if ablation is not None else None]
     images = [p for p in made if p is not None]
     paths = {p.stem + "_png": p for p in images}
     paths["index"] = index_html(folder, meta, configs, images, best)

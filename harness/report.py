@@ -4,8 +4,9 @@
 
 writes ``reports/configs.csv`` (one row per configuration: hyperparameters, mean, std, IQM,
 bootstrap 95% CI over seeds, diverged, pruned, rank), ``reports/seeds.csv`` (configuration x
-seed), ``reports/curves.csv`` (configuration x seed x env step), ``reports/best.json``, and the
-plots with ``reports/index.html`` (open it in a browser; see harness/plots.py).
+seed), ``reports/curves.csv`` (configuration x seed x env step), ``reports/best.json``,
+``reports/importance.csv`` (harness/importance.py), ``reports/ablation.csv`` (harness/ablation.py),
+and the plots with ``reports/index.html`` (open it in a browser; see harness/plots.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import lineage
+from harness import ablation, importance, lineage
 from harness.folder import ResultsFolder, as_folder
 from harness.records import RecordsError, config_id, write_json
 from harness.space import label
@@ -116,6 +117,14 @@ def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
                          "eval_return": evals.reshape(-1)})
 
 
+def reevaluated_best(final: dict[str, Any], metric: str, maximize: bool) -> dict[str, Any]:
+    """The re-trained configuration (final.json) with the best re-evaluation: the study's answer."""
+    def key(c: dict) -> float:
+        value = config_score(c["scores"], c["diverged"], metric)
+        return -np.inf if value is None else value * (1 if maximize else -1)
+    return max(final["configs"], key=key)
+
+
 def best(folder: ResultsFolder, configs: pd.DataFrame) -> dict[str, Any] | None:
     """The best configuration: by its re-evaluation on fresh seeds when the study has one."""
     meta = folder.meta()
@@ -123,11 +132,7 @@ def best(folder: ResultsFolder, configs: pd.DataFrame) -> dict[str, Any] | None:
     maximize, metric = meta.maximize, meta.metric
     how = ranked_by(metric, meta.objective, meta.threshold, meta.eval_policy)
     if final and final["configs"]:
-
-        def key(c: dict) -> float:
-            value = config_score(c["scores"], c["diverged"], metric)
-            return -np.inf if value is None else value * (1 if maximize else -1)
-        top = max(final["configs"], key=key)
+        top = reevaluated_best(final, metric, maximize)
         vals = np.array([v for v in top["scores"] or [] if v is not None], float)
         row = configs.set_index("config_id").loc[top["config_id"]]
         lo, hi = bootstrap_ci(vals)
@@ -238,6 +243,10 @@ def build(where: ResultsFolder | Path, *, plots: bool = True) -> dict[str, Path]
     pbt = lineage.table(folder.trials())
     if len(pbt):
         tables_["pbt"] = pbt
+    if plots and len(imp := importance.table(configs, meta)):  # Optuna's evaluators: at the end only
+        tables_["importance"] = imp
+    if (abl := folder.ablation()) and abl.get("steps"):
+        tables_["ablation"] = ablation.table(abl)
     paths = {name: folder.report(f"{name}.csv") for name in tables_}
     for name, df in tables_.items():
         tmp = paths[name].with_suffix(".csv.tmp")
@@ -259,7 +268,7 @@ def build(where: ResultsFolder | Path, *, plots: bool = True) -> dict[str, Path]
         from harness import tensorboard
 
         paths.update(plotting.build(folder, meta, configs, curves, _jsonable(b) if b else None,
-                                    pbt if len(pbt) else None))
+                                    pbt if len(pbt) else None, tables_.get("importance"), tables_.get("ablation")))
         if len(configs):
             paths["tensorboard"] = tensorboard.write(folder.tensorboard_dir, configs, curves, list(meta.space))
     return paths

@@ -40,6 +40,7 @@ class Options:
     address: str | None = None
     smoke: bool = False
     top_k: int | None = None  # configurations re-trained at the end (None: the study's; 0: none)
+    ablation: bool = True  # the ablation path from the default to the best configuration, after the re-training
 
     def given(self) -> dict[str, int | None]:
         return {"trials": self.trials, "configs_per_trial": self.configs_per_trial, "seeds": self.seeds,
@@ -61,6 +62,7 @@ class Settings:
     address: str | None  # an existing Ray cluster; None: the embedded one
     smoke: bool
     resume_command: str  # the command that resumes this study (printed when it stops early)
+    ablation: bool = True  # the ablation path after the final phase (harness.ablation)
 
     @property
     def config_fields(self) -> frozenset[str]:
@@ -194,7 +196,7 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
     settings = Settings(study=study, algo=spec, budgets=budgets, scheduler=scheduler,  # type: ignore[arg-type]
                         checkpoint=checkpoint, device_bytes=device_bytes, sampler=options.sampler,
                         storage=options.storage or folder.optuna_url(), address=options.address,
-                        smoke=options.smoke, resume_command=resume_command)
+                        smoke=options.smoke, resume_command=resume_command, ablation=options.ablation)
     if options.smoke:
         settings = _smoke_statics(settings)
     fields = set(settings.config_fields)

@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, metavar="K",
                    help="configurations re-trained on fresh seeds at the end, beside the default one "
                         "(default: the study's, usually 3; 0: no final re-training)")
+    p.add_argument("--no-ablation", action="store_true",
+                   help="skip the ablation path (the default configuration switched to the best one "
+                        "hyperparameter by hyperparameter, re-trained after the top-k)")
     p.add_argument("--device-memory", metavar="SIZE",
                    help="memory a device gives trials (e.g. 40GiB); default: measured on a GPU, unlimited on "
                         "a CPU. Trial shapes that do not fit run their configurations in sub-batches")
@@ -107,7 +110,7 @@ def _resolve(args: argparse.Namespace, resume: str) -> tuple[Settings, ResultsFo
                       timesteps=args.timesteps, scheduler="none" if args.no_asha else args.scheduler,
                       checkpoint_every=args.checkpoint_every, device_memory=args.device_memory,
                       sampler=args.sampler, storage=args.storage, address=args.address, smoke=args.smoke,
-                      top_k=args.top_k)
+                      top_k=args.top_k, ablation=not args.no_ablation)
     if args.fresh:  # checked in full before the old results are moved aside
         settings = resolve(study, options, stored=None, folder=folder, resume_command=resume)
         stored, aside = prepare_folder(folder, study.name, fresh=True)
@@ -126,7 +129,7 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
         StudyError: the results disk refused a write (one line; nothing recorded is lost), and
             every error a phase raises in one line.
     """
-    from harness import cluster, final_phase, report, search_phase, summary
+    from harness import ablation, cluster, final_phase, report, search_phase, summary
     from harness.guard import DiskGuard
 
     started = time.monotonic()
@@ -147,8 +150,10 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
                       f"Resume with: {settings.resume_command}", file=sys.stderr)
                 return 130
             final_phase.run(settings, folder, place, guard)
+            ablation.run(settings, folder, place, guard)
             paths = report.build(folder)
-            summary.show(paths, done=outcome.done, minutes=(time.monotonic() - started) / 60)
+            summary.show(paths, done=outcome.done, minutes=(time.monotonic() - started) / 60,
+                         ablation=folder.ablation())
             return 0
     except (StudyError, RecordsError, ClusterError, KeyboardInterrupt):
         raise

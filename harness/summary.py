@@ -1,5 +1,6 @@
 """The lines a study ends with: trials done, the best configuration re-evaluated, how to
-reproduce it, tuned vs default, and where the reports are. Read from the reports on disk."""
+reproduce it, tuned vs default, the ablation path, where the reports are, and the most important
+hyperparameters. Read from the reports on disk."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from harness.progress import fmt_params
 
 
-def lines(paths: dict[str, Path], *, done: int, minutes: float) -> list[str]:
-    """The summary of a finished study from its report files (``report.build``'s paths)."""
+def lines(paths: dict[str, Path], *, done: int, minutes: float,
+          ablation: dict[str, Any] | None = None) -> list[str]:
+    """The summary of a finished study from its report files (``report.build``'s paths) and
+    its ablation.json (``ablation``: what it cost)."""
     out = [f"done: {done} trials in {minutes:.1f} min"]
     if "best" in paths:
         b = json.loads(paths["best"].read_text())
@@ -29,13 +34,46 @@ def lines(paths: dict[str, Path], *, done: int, minutes: float) -> list[str]:
             out.append(f"best: {b['config_id']} search score {b['search_score']:.1f} (not re-evaluated)")
         if b.get("tuned_vs_default"):
             out.append(tuned_vs_default_line(b["tuned_vs_default"], b.get("objective", "final")))
+    if "ablation" in paths:
+        out.append(ablation_line(pd.read_csv(paths["ablation"]), ablation or {}))
     out.append(f"reports: {paths['configs'].parent}/ ({', '.join(p.name for p in paths.values())})")
+    out += importance_lines(paths)
     return out
 
 
-def show(paths: dict[str, Path], *, done: int, minutes: float, say: Callable[[str], None] = print) -> None:
-    for line in lines(paths, done=done, minutes=minutes):
+def show(paths: dict[str, Path], *, done: int, minutes: float, ablation: dict[str, Any] | None = None,
+         say: Callable[[str], None] = print) -> None:
+    for line in lines(paths, done=done, minutes=minutes, ablation=ablation):
         say(line)
+
+
+def ablation_line(abl: pd.DataFrame, raw: dict[str, Any]) -> str:
+    """The path in one line: each switch with its paired gain, and what the path cost."""
+    steps = ", ".join(f"{r.param} {r.gain:+.1f}" for r in abl.iloc[1:].itertuples())
+    cost = (f"; {raw['kernels']} extra kernels, {raw['seconds'] / 60:.1f} min (--no-ablation skips it)"
+            if "kernels" in raw else "")
+    return f"ablation path (default {abl['mean'].iloc[0]:.1f} -> best {abl['mean'].iloc[-1]:.1f}): {steps}{cost}"
+
+
+def importance_lines(paths: dict[str, Path]) -> list[str]:
+    """The three most important hyperparameters by each evaluator, or why there are none."""
+    from harness import importance
+
+    if "importance" not in paths:
+        try:
+            configs = pd.read_csv(paths["configs"])
+        except pd.errors.EmptyDataError:  # a study with no record yet
+            return []
+        return [importance.too_few(configs)] if len(configs) else []
+    imp = pd.read_csv(paths["importance"])
+    out = []
+    for ev, name in (("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA")):
+        top = importance.top(imp, 3, ev)
+        if top:
+            n = int(imp["configs"].iloc[0])
+            out.append(f"most important ({name}, {n} configurations): "
+                       + ", ".join(f"{p} {v:.2f}" for p, v in top))
+    return out
 
 
 def tuned_vs_default_line(t: dict[str, Any], objective: str) -> str:

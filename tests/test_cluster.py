@@ -110,7 +110,7 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
         proc = subprocess.Popen(
             ["ip", "netns", "exec", c.head_ns, sys.executable, "-m", "harness.study", "cartpole_ppo",
              "--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "40960", "--no-asha",
-             "--checkpoint-every", "1chunk", "--address", c.address, "--out", str(out)],
+             "--checkpoint-every", "1chunk", "--no-ablation", "--address", c.address, "--out", str(out)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=c.env, cwd=ROOT)
         try:
             deadline = time.monotonic() + 400

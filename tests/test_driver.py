@@ -337,10 +337,11 @@ def _final_kernels(tmp_path):
     seen = []
 
     def run_plans(plans):
+        first = len(seen)
         seen.extend(plans)
         out = []
         for n, plan in enumerate(plans):
-            ckpt = tmp_path / "ckpt" / str(len(seen) + n)
+            ckpt = tmp_path / "ckpt" / str(first + n)
             ckpt.mkdir(parents=True)
             grid = [[h["lr"] * 1e4 + plan.trial] * plan.seeds for h in plan.hparams]
             for i in range(len(plan.hparams)):

@@ -273,6 +273,15 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
         sum(control["scores"]) / 4)
     assert "tuned vs default (auc): " in r.stdout
     assert set(pd.read_csv(root / "reports" / "final.csv").role) == {"tuned", "default"}
+    # the ablation path: default -> best on the same fresh seeds, ending at the best's re-evaluation
+    path = pd.read_csv(root / "reports" / "ablation.csv")
+    assert path["param"].iloc[0] == "(default)" and path["mean"].iloc[0] == pytest.approx(t["default"]["mean"])
+    assert path["mean"].iloc[-1] == pytest.approx(best["reevaluation"]["mean"])
+    switched = sorted(n for n in top["params"] if top["params"][n] != control["params"][n])
+    assert sorted(path["param"].iloc[1:]) == switched
+    assert "ablation path (default " in r.stdout and " extra kernels, " in r.stdout
+    assert re.search(r"hyperparameter importance needs at least 8 completed configurations; this study has "
+                     r"[0-4]\n*$", r.stdout)  # too few for it: said instead, last
     page = (root / "reports" / "index.html").read_text()
     assert 'src="curves.png"' in page and best["config_id"] in page
     # the best configuration's policies are kept; loading one gives its evaluation at save time

@@ -1,0 +1,186 @@
+"""The ablation path: from the default configuration to the best one, one hyperparameter at a time.
+
+    ablation = ablation.run(settings, folder, placement, guard)   # after the final phase
+
+Start from the default configuration (the control). At each step, every hyperparameter not yet
+switched is switched on its own to the best configuration's value; those candidates train in
+the final phase's kernels (grouped by static config, as many as fit in one kernel) on the final
+phase's fresh seeds, so every point of the path is paired with every other (common random
+numbers). The switch that gains most is kept; repeat until the best configuration is reached.
+
+The path's two ends are the final phase's own runs of the control and of the best configuration
+(the same seeds: a run of them again would repeat them), so the path ends at the best
+configuration's re-evaluated score exactly. A study whose best configuration changed its
+hyperparameters during training (population-based training) has no path: there is no fixed
+value to switch to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from harness import final_phase, progress
+from harness.cluster import Placement
+from harness.folder import ResultsFolder
+from harness.guard import DiskGuard
+from harness.settings import Settings
+from harness.stats import config_score
+
+Scores = list[float | None] | None  # a candidate's objective value per seed (None: diverged); None: failed
+Measure = Callable[[dict[str, dict[str, Any]]], dict[str, Scores]]  # candidate points -> their scores
+
+
+@dataclass(frozen=True)
+class Step:
+    """One point of the path: the hyperparameter switched at this step (None at the start) and
+    the scores per seed of the configuration it gives; ``tried``: every candidate's score at
+    this step (the switch of each hyperparameter not yet switched)."""
+
+    step: int
+    param: str | None
+    value: Any
+    scores: Scores
+    tried: dict[str, float | None]
+
+
+def differing(start: dict[str, Any], end: dict[str, Any]) -> list[str]:
+    """The names whose values differ (lists and tuples compared as JSON)."""
+    return [n for n in end if json.dumps(start.get(n)) != json.dumps(end[n])]
+
+
+def path(start: dict[str, Any], end: dict[str, Any], start_scores: Scores, end_scores: Scores,
+         measure: Measure, *, maximize: bool = True, metric: str = "mean",
+         on_step: Callable[[int, int, int], None] | None = None) -> list[Step]:
+    """The greedy path from ``start`` to ``end`` (dicts of the searched names' values).
+
+    ``measure({name: point})`` scores the candidates of one step (``point``: the current one
+    with ``name`` switched); the last step's only candidate is ``end`` itself, scored by
+    ``end_scores``. A candidate without a score (diverged, failed) gains least.
+    """
+    current, remaining = dict(start), differing(start, end)
+    steps = [Step(0, None, None, start_scores, {})]
+    while remaining:
+        if on_step:
+            on_step(len(steps), len(steps) + len(remaining) - 1, len(remaining))
+        if len(remaining) == 1:
+            scores = {remaining[0]: end_scores}
+        else:
+            scores = measure({n: {**current, n: end[n]} for n in remaining})
+        means = {n: config_score(scores.get(n), None, metric) if scores.get(n) else None for n in remaining}
+
+        def gain(n: str, means: dict[str, float | None] = means) -> float:
+            m = means[n]
+            return float("-inf") if m is None else m if maximize else -m
+        pick = max(remaining, key=gain)  # ties: the first in the best configuration's order
+        current[pick] = end[pick]
+        remaining.remove(pick)
+        steps.append(Step(len(steps), pick, end[pick], scores.get(pick), means))
+    return steps
+
+
+def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
+        run_plans: final_phase.RunPlans | None = None,
+        say: Callable[[str], None] = progress.say) -> dict[str, Any] | None:
+    """Computes the path for the study's best re-trained configuration and writes ablation.json;
+    returns it (None: turned off, nothing to ablate, or ablation.json is already up to date)."""
+    from harness.report import reevaluated_best
+
+    final = folder.final()
+    if not settings.ablation or not final or not final.get("configs") or not final.get("control"):
+        return None
+    study = settings.study
+    best = reevaluated_best(final, study.metric, settings.maximize)
+    control = final["control"]
+    old = folder.ablation()
+    if old and old.get("trials") == final["trials"] and old.get("target") == best["config_id"]:
+        return None
+    base = {"trials": final["trials"], "target": best["config_id"], "objective": study.objective,
+            "maximize": settings.maximize}
+    if best.get("schedule"):
+        why = "the best configuration changed its hyperparameters during training (population-based training)"
+        say(f"no ablation path: {why}")
+        folder.write_ablation({**base, "skipped": why, "steps": []})
+        return None
+    if best["failed"] or control["failed"]:
+        why = "the re-training of the best or the default configuration failed"
+        say(f"no ablation path: {why}")
+        folder.write_ablation({**base, "skipped": why, "steps": []})
+        return None
+    budget = settings.budget(placement.kind)
+    rounds = final_phase.rounds_of(settings, budget)
+    records = folder.trials()
+    run_plans = run_plans or (lambda p: final_phase.tune_plans(settings, folder, placement, guard, p))
+    kernels = 0
+
+    def measure(points: dict[str, dict[str, Any]]) -> dict[str, Scores]:
+        nonlocal kernels
+        candidates = {n: candidate(settings, p, budget.timesteps) for n, p in points.items()}
+        plans, members = final_phase.final_plans(settings, budget, candidates, records, rounds)
+        kernels += len(plans)
+        runs = final_phase.collect(plans, members, run_plans(plans))
+        out: dict[str, Scores] = {}
+        for n in candidates:
+            j = final_phase.joined(runs[n])
+            out[n] = None if j["failed"] else [None if d else s for s, d in zip(j["scores"], j["diverged"],
+                                                                                  strict=True)]
+        return out
+
+    def on_step(step: int, steps: int, candidates: int) -> None:
+        how = ("the best configuration itself (its re-training above)" if candidates == 1 else
+               f"{candidates} candidates on {rounds * budget.seeds} seeds")
+        say(f"ablation path, step {step}/{steps}: {how} ...")
+
+    t0 = time.monotonic()
+    steps = path(control["params"], best["params"], _seeds(control), _seeds(best), measure,
+                 maximize=settings.maximize, metric=study.metric, on_step=on_step)
+    out = {**base, "steps": [asdict(s) for s in steps], "kernels": kernels,
+           "seconds": round(time.monotonic() - t0, 1), "seeds": rounds * budget.seeds}
+    folder.write_ablation(out)
+    return out
+
+
+def candidate(settings: Settings, point: dict[str, Any], timesteps: int) -> final_phase.Candidate:
+    """A point of the path (every searched name's value) as a configuration to train."""
+    statics = set(settings.static_names)
+    static = settings.static_config({n: v for n, v in point.items() if n in statics}, timesteps)
+    return final_phase.Candidate(point, static, settings.hparams(point))
+
+
+def _seeds(c: dict[str, Any]) -> Scores:
+    return [None if d else s for s, d in zip(c["scores"], c["diverged"], strict=True)]
+
+
+COLUMNS = ["step", "param", "value", "mean", "ci_low", "ci_high", "gain", "gain_ci_low", "gain_ci_high",
+           "seeds", "candidates"]
+
+
+def table(ablation: dict[str, Any]) -> Any:
+    """reports/ablation.csv: one row per step of the path, its score over the seeds with a 95%
+    bootstrap CI, and its gain over the step before (paired by seed, in the direction the study
+    optimises: positive is better) with the paired 95% CI."""
+    import numpy as np
+    import pandas as pd
+
+    from harness.space import label
+    from harness.stats import bootstrap_ci, paired_difference
+
+    sign = 1.0 if ablation.get("maximize", True) else -1.0
+    rows, prev = [], None
+    for s in ablation.get("steps", []):
+        vals = np.array([np.nan if v is None else v for v in s["scores"] or []], float)
+        finite = vals[np.isfinite(vals)]
+        lo, hi = bootstrap_ci(finite)
+        gain = (np.nan, np.nan, np.nan) if prev is None or not len(vals) else paired_difference(
+            sign * vals, sign * prev)
+        value = s["value"]
+        rows.append(dict(step=s["step"], param=s["param"] or "(default)",
+                         value="" if s["param"] is None else f"{value:.4g}" if isinstance(value, float)
+                         else label(tuple(value) if isinstance(value, list) else value),
+                         mean=finite.mean() if len(finite) else np.nan, ci_low=lo, ci_high=hi, gain=gain[0],
+                         gain_ci_low=gain[1], gain_ci_high=gain[2], seeds=len(vals), candidates=len(s["tried"])))
+        prev = vals if len(vals) else prev
+    return pd.DataFrame(rows, columns=COLUMNS)

@@ -1,0 +1,130 @@
+"""What mattered: hyperparameter importance (Optuna's evaluators) and the ablation path from the
+default to the best configuration. No Ray: synthetic objectives, and the final phase's kernels
+stood in for (tests/test_driver.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness import ablation, final_phase, importance, report, summary
+from harness.folder import StudyMeta
+from harness.guard import DiskGuard
+from harness.kernel import FINAL
+from tests.driver import CPU, FakeTune
+from tests.test_driver import _final_kernels, _search
+
+
+def _configs(n: int, seed: int = 0) -> pd.DataFrame:
+    """A synthetic study: ``lr`` decides the score, ``useless`` does nothing, ``mb`` a static choice."""
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame(dict(lr=10 ** rng.uniform(-4, -2, n), useless=rng.uniform(0, 1, n),
+                           mb=rng.choice([4, 8], n)))
+    df["mean"] = 100 * np.log10(df.lr) + rng.normal(0, 1, n)
+    df["status"], df["diverged"], df["pruned"] = "complete", False, False
+    return df
+
+
+META = StudyMeta(study="s", space={"lr": "log", "useless": "uniform", "mb": "categorical"})
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_importance__the_deciding_hyperparameter_ranks_first_and_the_useless_one_last_by_both(direction):
+    configs = _configs(32)
+    if direction == "minimize":
+        configs["mean"] = -configs["mean"]
+    meta = StudyMeta(**{**META.to_dict(), "direction": direction})
+    imp = importance.table(configs, meta)
+    for ev in importance.EVALUATORS:
+        rows = imp[(imp.scope == "all") & (imp.evaluator == ev)].set_index("param")
+        assert rows.loc["lr", "rank"] == 1 and rows.loc["lr", "importance"] > 0.6, rows
+        assert rows.loc["useless", "importance"] < 0.2, rows
+        assert abs(rows.importance.sum() - 1) < 1e-6
+    # a scope per static choice with enough configurations, where the static choice is not a name
+    scopes = set(imp.scope)
+    assert scopes == {"all", "mb=4", "mb=8"}, scopes
+    assert set(imp[imp.scope == "mb=4"].param) == {"lr", "useless"}
+    assert importance.top(imp, 1) == [("lr", pytest.approx(rows.loc["lr", "importance"], abs=1))]
+
+
+def test_importance__too_few_or_pruned_or_diverged_configurations_give_none_and_say_so():
+    configs = _configs(12)
+    configs.loc[:4, "pruned"] = True  # stopped early: its score is not comparable
+    configs.loc[5, "diverged"] = True
+    assert len(importance.usable(configs)) == 6
+    assert importance.table(configs, META).empty
+    assert importance.too_few(configs) == ("hyperparameter importance needs at least 8 completed configurations; "
+                                           "this study has 6")
+
+
+def test_ablation_path__switches_the_largest_gain_first_and_ends_at_the_best_configurations_own_scores():
+    start, end = {"a": 0, "b": 0.0, "c": "x", "same": 1}, {"a": 1, "b": 1.0, "c": "y", "same": 1}
+    weight = {"a": 10.0, "b": 1.0, "c": 0.0}
+    calls = []
+
+    def score(point, seed):
+        return sum(weight[n] for n in weight if point[n] == end[n]) + 0.01 * seed
+
+    def measure(points):
+        calls.append(sorted(points))
+        return {n: [score(p, s) for s in range(4)] for n, p in points.items()}
+
+    end_scores = [11.0 + 0.01 * s for s in range(4)]
+    steps = ablation.path(start, end, [0.01 * s for s in range(4)], end_scores, measure)
+    assert [s.param for s in steps] == [None, "a", "b", "c"]
+    assert calls == [["a", "b", "c"], ["b", "c"]]  # the last switch is the best configuration: not re-run
+    assert steps[-1].scores == end_scores
+    assert steps[1].tried == pytest.approx({"a": 10.015, "b": 1.015, "c": 0.015})
+    # minimizing: the switch that lowers the score most comes first; a failed candidate gains least
+    flip = ablation.path(start, end, [0.0] * 4, [0.0] * 4,
+                         lambda pts: {n: None if n == "b" else [-score(p, s) for s in range(4)]
+                                      for n, p in pts.items()}, maximize=False)
+    assert [s.param for s in flip] == [None, "a", "c", "b"]
+    table = ablation.table({"maximize": True, "steps": [s.__dict__ for s in steps]})
+    assert list(table.param) == ["(default)", "a", "b", "c"] and list(table.value) == ["", "1", "1", "y"]
+    assert table.gain.round(6).tolist()[1:] == [10.0, 1.0, 0.0]  # paired by seed: the noise cancels
+    assert (table.gain_ci_low.round(6) == table.gain.round(6)).iloc[1:].all()
+
+
+def test_ablation__runs_after_the_final_phase_on_its_seeds_and_reports_the_path(tmp_path, monkeypatch, capsys):
+    settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune())
+    run_plans, seen = _final_kernels(tmp_path)  # a configuration scores lr x 1e4 + the round
+    final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
+    before = len(seen)
+    out = ablation.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
+    best = report.reevaluated_best(final, "mean", True)
+    names = ablation.differing(final["control"]["params"], best["params"])
+    assert "lr" in names and len(names) >= 3
+    steps = out["steps"]
+    assert [s["param"] for s in steps][:2] == [None, "lr"]  # only lr changes the score here
+    assert steps[0]["scores"] == final["control"]["scores"] and steps[-1]["scores"] == best["scores"]
+    assert steps[1]["tried"]["lr"] > max(v for k, v in steps[1]["tried"].items() if k != "lr")
+    # every ablation kernel: the final phase's seeds (round r: trial r of the FINAL stream)
+    rounds = final_phase.rounds_of(settings, settings.budget("cpu"))
+    assert {(p.trial, p.stream, p.seeds) for p in seen[before:]} == {(r, FINAL, 2) for r in range(rounds)}
+    assert out["kernels"] == len(seen) - before > 0
+    assert ablation.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None  # up to date
+    paths = report.build(folder)
+    assert {"ablation", "ablation_png"} <= set(paths)
+    table = pd.read_csv(paths["ablation"])
+    assert table["mean"].iloc[-1] == pytest.approx(np.mean(best["scores"]))
+    assert table.gain.iloc[1] > 0 and (table.gain.iloc[2:].abs() < 1e-9).all()
+    lines = summary.lines(paths, done=3, minutes=0.5, ablation=folder.ablation())
+    path_line = next(ln for ln in lines if ln.startswith("ablation path (default "))
+    assert ", lr +" in path_line or "): lr +" in path_line
+    assert f"; {out['kernels']} extra kernels, " in path_line and "(--no-ablation skips it)" in path_line
+    assert lines[-1] == "hyperparameter importance needs at least 8 completed configurations; this study has 6"
+    out_text = capsys.readouterr().out
+    assert f"ablation path, step 1/{len(names)}: {len(names)} candidates on {rounds * 2} seeds ..." in out_text
+
+
+def test_ablation__turned_off_or_without_a_final_phase_runs_nothing(tmp_path, monkeypatch):
+    settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune())
+    run_plans, seen = _final_kernels(tmp_path)
+    assert ablation.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None  # no final.json
+    final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
+    before = len(seen)
+    off = type(settings)(**{**settings.__dict__, "ablation": False})  # --no-ablation
+    assert ablation.run(off, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None
+    assert len(seen) == before and folder.ablation() is None
