@@ -31,18 +31,18 @@ EVALUATORS = ("fanova", "ped_anova")
 COLUMNS = ["scope", "evaluator", "param", "importance", "rank", "configs"]
 
 
-def usable(configs: pd.DataFrame) -> pd.DataFrame:
+def usable(configs: pd.DataFrame, metric: str = "mean") -> pd.DataFrame:
     """The configurations an importance is computed over: finished their budget, not diverged."""
     if not len(configs):
         return configs
-    ok = configs["mean"].notna() & ~configs["diverged"].astype(bool) & ~configs["pruned"].astype(bool)
+    ok = configs[metric].notna() & ~configs["diverged"].astype(bool) & ~configs["pruned"].astype(bool)
     return configs[ok & (configs["status"] == "complete")]
 
 
 def table(configs: pd.DataFrame, meta: StudyMeta, *, seed: int = 0) -> pd.DataFrame:
     """Importances (``COLUMNS``) of ``meta.space``'s names for the study's objective; empty when
     fewer than :data:`MIN_CONFIGS` configurations completed."""
-    done = usable(configs)
+    done = usable(configs, meta.metric)
     names = [n for n in meta.space if n in done.columns]
     if len(done) < MIN_CONFIGS or not names:
         return pd.DataFrame(columns=COLUMNS)
@@ -66,8 +66,8 @@ def table(configs: pd.DataFrame, meta: StudyMeta, *, seed: int = 0) -> pd.DataFr
 
 def evaluate(part: pd.DataFrame, names: list[str], meta: StudyMeta, *,
              seed: int = 0) -> dict[str, dict[str, float]]:
-    """``{evaluator: {name: importance}}`` over the configurations of ``part`` (its ``mean``
-    column, the objective's value over seeds)."""
+    """``{evaluator: {name: importance}}`` over the configurations of ``part`` (their score:
+    the column of the study's metric, the objective's mean or IQM over seeds)."""
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -89,7 +89,8 @@ def evaluate(part: pd.DataFrame, names: list[str], meta: StudyMeta, *,
     for _, row in part.iterrows():
         params = {n: str(row[n]) if meta.space[n] == "categorical" else
                   int(row[n]) if meta.space[n] == "int" else float(row[n]) for n in names}
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(row["mean"])))
+        value = float(row[meta.metric])
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
     evaluators = {"fanova": optuna.importance.FanovaImportanceEvaluator(seed=seed),
                   "ped_anova": optuna.importance.PedAnovaImportanceEvaluator()}
     out = {}

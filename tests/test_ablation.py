@@ -104,6 +104,9 @@ def test_ablation__runs_after_the_final_phase_on_its_seeds_and_reports_the_path(
     rounds = final_phase.rounds_of(settings, settings.budget("cpu"))
     assert {(p.trial, p.stream, p.seeds) for p in seen[before:]} == {(r, FINAL, 2) for r in range(rounds)}
     assert out["kernels"] == len(seen) - before > 0
+    if "num_minibatches" in names:  # a static choice: switching it needs a kernel of its own
+        want = {final["control"]["params"]["num_minibatches"], best["params"]["num_minibatches"]}
+        assert {p.config["num_minibatches"] for p in seen[before:]} == want
     assert ablation.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None  # up to date
     paths = report.build(folder)
     assert {"ablation", "ablation_png"} <= set(paths)
