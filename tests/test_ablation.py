@@ -131,3 +131,19 @@ def test_ablation__turned_off_or_without_a_final_phase_runs_nothing(tmp_path, mo
     off = type(settings)(**{**settings.__dict__, "ablation": False})  # --no-ablation
     assert ablation.run(off, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None
     assert len(seen) == before and folder.ablation() is None
+
+
+def test_ablation__a_best_configuration_with_a_pbt_schedule_has_no_path_and_says_why(tmp_path, monkeypatch,
+                                                                                     capsys):
+    settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune())
+    run_plans, seen = _final_kernels(tmp_path)
+    final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
+    for c in final["configs"]:  # as population-based training leaves them: hyperparameters that change
+        c["schedule"] = [{"chunk": 1, "hparams": [c["hparams"]]}]
+    folder.write_final(final)
+    before = len(seen)
+    assert ablation.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None
+    assert len(seen) == before and "population-based training" in folder.ablation()["skipped"]
+    assert "no ablation path: the best configuration changed its hyperparameters during training" in (
+        capsys.readouterr().out)
+    assert "ablation" not in report.build(folder)  # no path, no ablation.csv
