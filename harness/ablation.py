@@ -125,8 +125,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         out: dict[str, Scores] = {}
         for n in candidates:
             j = final_phase.joined(runs[n])
-            out[n] = None if j["failed"] else [None if d else s for s, d in zip(j["scores"], j["diverged"],
-                                                                                  strict=True)]
+            out[n] = None if j["failed"] else _seeds(j)
         return out
 
     def on_step(step: int, steps: int, candidates: int) -> None:
@@ -145,9 +144,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
 
 def candidate(settings: Settings, point: dict[str, Any], timesteps: int) -> final_phase.Candidate:
     """A point of the path (every searched name's value) as a configuration to train."""
-    statics = set(settings.static_names)
-    static = settings.static_config({n: v for n, v in point.items() if n in statics}, timesteps)
-    return final_phase.Candidate(point, static, settings.hparams(point))
+    return final_phase.Candidate(point, *settings.configuration(point, timesteps))
 
 
 def _seeds(c: dict[str, Any]) -> Scores:

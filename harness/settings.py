@@ -121,8 +121,12 @@ class Settings:
                 params[name] = self.study.config.get(name, config_defaults[name])
             else:
                 params[name] = self.study.hparams.get(name, float(f"{float(getattr(hp_defaults, name)):.7g}"))
-        static = self.static_config({n: params[n] for n in statics}, timesteps)
-        return params, static, self.hparams(params)
+        return params, *self.configuration(params, timesteps)
+
+    def configuration(self, point: dict[str, Any], timesteps: int) -> tuple[dict[str, Any], dict[str, float]]:
+        """The static config and the hyperparameters of a point that sets every searched name."""
+        statics = set(self.static_names)
+        return self.static_config({n: v for n, v in point.items() if n in statics}, timesteps), self.hparams(point)
 
     def meta(self, budget: Budget, stored: StudyMeta | None, created: str) -> StudyMeta:
         """study.json for this invocation (a resumed study keeps when and how it was started)."""
