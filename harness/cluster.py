@@ -281,14 +281,58 @@ def session(settings: Settings, folder: ResultsFolder) -> Iterator[tuple[str | N
     source = settings.study.source
     # start() sets the variables Ray reads when it is first imported: no import of ray before it
     dashboard, metrics = start(settings.address, code_dir=source and os.path.dirname(source))
-    try:
-        if not settings.address:
-            note_session(folder.session_file)
-        yield dashboard, metrics
-    finally:
-        import ray
+    with terminate_as_interrupt(settings.resume_command):  # after ray.init, whose crash handler would print a C++ stack
+        try:
+            if not settings.address:
+                note_session(folder.session_file)
+            yield dashboard, metrics
+        finally:
+            import ray
 
-        ray.shutdown()
+            ray.shutdown()
+
+
+@contextmanager
+def terminate_as_interrupt(resume: str, grace: float = 20.0) -> Iterator[None]:
+    """SIGTERM (``kill``, ``timeout``, a batch scheduler's stop) does what Ctrl-C does: whatever
+    handles SIGINT at that moment (Tune's graceful stop while trials run, else KeyboardInterrupt),
+    so finished trials are kept and the driver says how to resume. A signal sent to the whole
+    process group also stops Ray's own processes (they block only SIGINT), and a graceful stop
+    would then wait on a dead cluster: after ``grace`` s the driver says the same and exits at
+    once (130), as a killed driver would, which the next run resumes. The block should end
+    after Ray is shut down. Main thread only."""
+    import signal
+    import sys
+    import threading
+
+    def hard_exit() -> None:
+        print(f"\ninterrupted; finished trials are saved. Resume with: {resume}", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    timers: list[threading.Timer] = []
+
+    def as_ctrl_c(signum: int, frame: Any) -> None:
+        timer = threading.Timer(grace, hard_exit)
+        timer.daemon, timer.name = True, "sigterm-grace"
+        timers.append(timer)
+        timer.start()
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
+    try:
+        yield
+    finally:  # the graceful stop got here: Ray is shut down
+        signal.signal(signal.SIGTERM, previous)
+        for timer in timers:
+            timer.cancel()
+            timer.join()
 
 
 def cache_dir() -> str:

@@ -56,7 +56,8 @@ def _fast_compile_unless_slow(request):
 def ray_env(cache_home):
     """An environment with a private RAY_TMPDIR; afterwards, no process may still use it."""
     tmp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
-    env = {**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # keeps a site dir set
+    env = {**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": path}
     yield env
     deadline = time.monotonic() + 20  # Ray's processes may take a moment to exit on a loaded machine
     while (leftover := _ray_processes(tmp)) and time.monotonic() < deadline:

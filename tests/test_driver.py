@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import optuna
@@ -442,6 +443,39 @@ def test_study_cli__ctrl_c_before_any_record_prints_the_resume_line(tmp_path, mo
     err = capsys.readouterr().err
     assert f"Resume with: python -m harness.study cartpole_ppo --smoke --out {tmp_path}\n" in err
     assert "Traceback" not in err
+
+
+def test_cluster__sigterm_during_a_study_does_what_ctrl_c_does():
+    import signal
+
+    from harness.cluster import terminate_as_interrupt
+
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt("resume"):  # Python's own SIGINT handler
+        os.kill(os.getpid(), signal.SIGTERM)
+    seen = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))  # as Tune's, mid-fit
+    try:
+        with terminate_as_interrupt("resume"):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert seen == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # given back after the study
+    assert not any(t.name == "sigterm-grace" and t.is_alive() for t in threading.enumerate())
+
+
+def test_cluster__sigterm_whose_graceful_stop_hangs_exits_after_its_grace_with_the_resume_line():
+    # a signal to the whole process group also stops Ray's processes, and Tune's stop then waits
+    code = ("import os, signal, time\n"
+            "from harness.cluster import terminate_as_interrupt\n"
+            "with terminate_as_interrupt('python -m harness.study x', grace=0.5):\n"
+            "    signal.signal(signal.SIGINT, lambda *a: None)  # a stop that never finishes\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(60)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                       cwd=Path(__file__).parents[1])
+    assert r.returncode == 130, r.stderr
+    assert r.stderr.strip() == "interrupted; finished trials are saved. Resume with: python -m harness.study x"
 
 
 def test_study_cli__fresh_with_a_study_that_cannot_work_leaves_the_old_results_where_they_are(tmp_path, capsys):

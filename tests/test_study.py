@@ -628,9 +628,10 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
                 found_metrics = rows
     finally:
         running = proc.poll() is None  # 3M steps a trial: minutes, where finding the actors takes seconds
-        proc.send_signal(signal.SIGINT)  # Ctrl-C mid-study: Tune stops the trials, the driver says how to go on
+        proc.send_signal(signal.SIGTERM)  # `kill` mid-study does what Ctrl-C does: Tune stops the trials, the
+        # driver says how to go on (SIGINT itself: test_study__sigint_then_same_command_... and test_driver)
         rest = proc.communicate(timeout=120)[0]
-    assert running, "the study ended before Ctrl-C; give it more steps"
+    assert running, "the study ended before SIGTERM; give it more steps"
     assert proc.returncode == 130, rest
     assert "Resume with: python -m harness.study cartpole_ppo" in rest, rest
     assert found_actors, "no actor of class cartpole_ppo_trial"
