@@ -41,7 +41,7 @@ def main() -> None:
     out = tempfile.mkdtemp(prefix="study-load-")
     cmd = [sys.executable, "-m", "harness.study", "cartpole_ppo", "--trials", str(args.trials),
            "--configs-per-trial", "1", "--seeds", "1", "--timesteps", str(args.timesteps), "--no-asha",
-           "--sampler", "random", "--out", out]
+           "--sampler", "random", "--top-k", "0", "--no-ablation", "--out", out]  # the search alone
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -70,7 +70,7 @@ def main() -> None:
               + json.loads(p.read_text()).get("compile_seconds", 0.0) for p in (root / "trials").glob("*.json")}
     q = len(done) // 4
     first, last = done[: q + 1], done[-q - 1:]  # q intervals each, between recordings
-    slots = int(re.search(r"\((\d+) trials at a time\)", "".join(head)).group(1))
+    slots = int(re.search(r"\((\d+) trials? at a time\)", "".join(head)).group(1))
 
     def rate(part: list[tuple[int, float]]) -> float:
         return (len(part) - 1) / ((part[-1][1] - part[0][1]) / 60)

@@ -344,7 +344,8 @@ def cache_dir() -> str:
 def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any = None) -> Placement:
     """Measures each static shape's device memory where the trials run (a one-off worker on a
     GPU) and decides trials per device and configurations per sub-batch; the placement with the
-    checkpoint cadence. Nothing is measured on a CPU unless ``--device-memory`` states a size.
+    checkpoint cadence. Nothing is measured on a CPU unless ``--device-memory`` states a size. On
+    the embedded Ray, a study of fewer trials than cores gives each trial a share of the cores.
 
     Raises:
         StudyError: a shape cannot fit even one configuration at a time (or PBT's whole population).
@@ -359,6 +360,10 @@ def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any
 
     say = say or progress_say
     place = dataclasses.replace(place, device={**place.device, **settings.checkpoint})
+    if place.kind == "cpu" and not settings.address and budget.trials < place.slots:
+        share = place.slots // budget.trials  # fewer trials than cores: each compiles and runs on several
+        place = dataclasses.replace(place, resources={**place.resources, "cpu": share}, slots=budget.trials,
+                                    device={**place.device, "cpus": share})
     if place.kind == "cpu" and settings.device_bytes is None:
         return place
     plans, names = {}, {}

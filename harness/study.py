@@ -170,7 +170,7 @@ def header(settings: Settings, budget: Budget, place: Placement, folder: Results
 
     s = settings.study
     out = [f"study {s.name}: {budget.trials} trials x {budget.configs_per_trial} configs x {budget.seeds} seeds x "
-           f"{budget.timesteps:,} steps on {place.kind} ({place.slots} trials at a time)",
+           f"{budget.timesteps:,} steps on {place.kind} ({place.slots} trial{'s' * (place.slots != 1)} at a time)",
            f"objective: {describe_objective(s.objective, s.threshold, s.config.get('eval_policy', 'greedy'))}; "
            f"{s.metric} over seeds, {s.direction}d",
            f"results: {folder}"]

@@ -159,7 +159,8 @@ def test_study_cli__broken_env_is_one_line_before_ray(tmp_path):
 @pytest.mark.slow
 def test_readme_example__custom_env_study_runs_and_learns(tmp_path, ray_env):
     (tmp_path / "my_study.py").write_text(_readme_example())
-    r = _study("my_study.py", "--smoke", "--out", "results", env=ray_env, cwd=tmp_path)
+    # the README's command, less the ablation path (the registered smoke study tests that end to end)
+    r = _study("my_study.py", "--smoke", "--no-ablation", "--out", "results", env=ray_env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "results" / "corridor_ppo-smoke"
     meta = json.loads((root / "study.json").read_text())

@@ -121,6 +121,26 @@ def test_fit_trials__a_shape_larger_than_the_stated_device_runs_its_trials_in_su
     assert shape_of({"plan": asdict(search_plan), "device": place.device}) == {"config_batch": 1}
 
 
+def test_fit_trials__a_study_of_fewer_trials_than_cores_shares_them_on_the_embedded_ray(tmp_path):
+    import studies
+    from harness import cluster
+    from harness.cluster import Placement
+    from tests.driver import settings_for
+
+    four = Placement("cpu", {"cpu": 1}, 4, {"cache_dir": "/x", "pin_cores": True, "cpus": 1})
+
+    def fit(**options):
+        settings = settings_for(studies.get("cartpole_ppo"), tmp_path, **options)
+        return cluster.fit_trials(settings, settings.budget("cpu"), four, say=print)
+
+    one, two, six = fit(trials=1), fit(trials=2), fit(trials=6)
+    assert (one.slots, one.resources["cpu"], one.device["cpus"]) == (1, 4, 4)  # what the trial pins
+    assert (two.slots, two.resources["cpu"], two.device["cpus"]) == (2, 2, 2)
+    assert (six.slots, six.resources["cpu"], six.device["cpus"]) == (4, 1, 1)
+    remote = fit(trials=1, address="127.0.0.1:6379")  # a cluster's nodes may each have fewer cores
+    assert (remote.slots, remote.resources["cpu"]) == (4, 1)
+
+
 def test_fit_trials__a_shape_that_cannot_fit_stops_the_study_in_one_line(monkeypatch, tmp_path):
     with pytest.raises(StudyError, match=r"study snake_ppo, 2 configs x 2 seeds: one "
                                          r"configuration needs 1.00 MiB .* usable \(64.00 KiB x 0.9\); "
