@@ -281,7 +281,8 @@ def session(settings: Settings, folder: ResultsFolder) -> Iterator[tuple[str | N
     source = settings.study.source
     # start() sets the variables Ray reads when it is first imported: no import of ray before it
     dashboard, metrics = start(settings.address, code_dir=source and os.path.dirname(source))
-    with terminate_as_interrupt(settings.resume_command):  # after ray.init, whose crash handler would print a C++ stack
+    # after ray.init, whose crash handler would print a C++ stack on SIGTERM
+    with terminate_as_interrupt(settings.resume_command):
         try:
             if not settings.address:
                 note_session(folder.session_file)

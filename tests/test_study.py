@@ -561,8 +561,9 @@ def test_study__runs_on_an_existing_ray_cluster_whose_node_has_only_the_dependen
                     "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--disable-usage-stats"],
                    check=True, env=node_env, capture_output=True, timeout=120, cwd=tmp_path)
     try:
-        r = _study(str(tmp_path / "side_study.py"), "--smoke", "--trials", "1", "--no-ablation", "--out", str(tmp_path / "out"),
-                   "--address", f"127.0.0.1:{port}", env={**ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+        r = _study(str(tmp_path / "side_study.py"), "--smoke", "--trials", "1", "--no-ablation",
+                   "--out", str(tmp_path / "out"), "--address", f"127.0.0.1:{port}",
+                   env={**ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
         assert r.returncode == 0, r.stdout + r.stderr
         assert [rec["status"] for rec in ResultsFolder(tmp_path / "out" / "side-smoke").trials()] == ["complete"]
         best = json.loads((tmp_path / "out" / "side-smoke" / "reports" / "best.json").read_text())
