@@ -23,7 +23,15 @@ use_offscreen_gl()  # MuJoCo (imported by Brax) renders headless, as in harness.
 
 @pytest.fixture(scope="session")
 def cache_home(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("xdg-cache"))  # JAX compile cache shared by these tests
+    """XDG_CACHE_HOME of the studies these tests run (JAX's persistent compile cache): one folder
+    for the whole run, shared by the xdist workers (the cache is safe for concurrent writers), so
+    a kernel one worker compiled is read by the other."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the controller's folder, above each worker's popen-gwN
+    path = root / "xdg-cache"
+    path.mkdir(exist_ok=True)
+    return str(path)
 
 
 # The benchmarks' tiny runs compile at XLA's lowest optimisation level: their kernels are tiny, so
