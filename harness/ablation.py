@@ -113,29 +113,32 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     budget = settings.budget(placement.kind)
     rounds = final_phase.rounds_of(settings, budget)
     records = folder.trials()
-    run_plans = run_plans or (lambda p: final_phase.tune_plans(settings, folder, placement, guard, p))
     kernels = 0
 
-    def measure(points: dict[str, dict[str, Any]]) -> dict[str, Scores]:
-        nonlocal kernels
-        candidates = {n: candidate(settings, p, budget.timesteps) for n, p in points.items()}
-        plans, members = final_phase.final_plans(settings, budget, candidates, records, rounds)
-        kernels += len(plans)
-        runs = final_phase.collect(plans, members, run_plans(plans))
-        out: dict[str, Scores] = {}
-        for n in candidates:
-            j = final_phase.joined(runs[n])
-            out[n] = None if j["failed"] else _seeds(j)
-        return out
+    def walk(run: final_phase.RunPlans) -> list[Step]:
+        def measure(points: dict[str, dict[str, Any]]) -> dict[str, Scores]:
+            nonlocal kernels
+            candidates = {n: candidate(settings, p, budget.timesteps) for n, p in points.items()}
+            plans, members = final_phase.final_plans(settings, budget, candidates, records, rounds)
+            kernels += len(plans)
+            runs = final_phase.collect(plans, members, run(plans))
+            out: dict[str, Scores] = {}
+            for n in candidates:
+                j = final_phase.joined(runs[n])
+                out[n] = None if j["failed"] else _seeds(j)
+            return out
 
-    def on_step(step: int, steps: int, candidates: int) -> None:
-        how = ("the best configuration itself (its re-training above)" if candidates == 1 else
-               f"{candidates} candidates on {rounds * budget.seeds} seeds")
-        say(f"ablation path, step {step}/{steps}: {how} ...")
+        def on_step(step: int, steps: int, candidates: int) -> None:
+            how = ("the best configuration itself (its re-training above)" if candidates == 1 else
+                   f"{candidates} candidates on {rounds * budget.seeds} seeds")
+            say(f"ablation path, step {step}/{steps}: {how} ...")
+
+        return path(control["params"], best["params"], _seeds(control), _seeds(best), measure,
+                    maximize=settings.maximize, metric=study.metric, on_step=on_step)
 
     t0 = time.monotonic()
-    steps = path(control["params"], best["params"], _seeds(control), _seeds(best), measure,
-                 maximize=settings.maximize, metric=study.metric, on_step=on_step)
+    # every step's kernels in one Tune run (its actors reused), unless the kernels are stood in for
+    steps = walk(run_plans) if run_plans else final_phase.tune_streamed(settings, folder, placement, guard, walk)
     out = {**base, "steps": [asdict(s) for s in steps], "kernels": kernels,
            "seconds": round(time.monotonic() - t0, 1), "seeds": rounds * budget.seeds}
     folder.write_ablation(out)

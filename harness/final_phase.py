@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness import lineage, progress
 from harness.cluster import Placement
@@ -29,6 +29,7 @@ from harness.settings import Settings
 from harness.space import Budget, label
 
 CONTROL = "default"  # the control's id in final.json and the reports
+T = TypeVar("T")
 RunPlans = Callable[[list[TrialPlan]], list[dict[str, Any] | None]]  # each plan's last result (None: failed)
 
 
@@ -178,6 +179,48 @@ def tune_plans(settings: Settings, folder: ResultsFolder, placement: Placement, 
             done[json.dumps(r.config["plan"], sort_keys=True)] = {
                 **r.metrics, "checkpoint": r.checkpoint.path if r.checkpoint else ""}
     return [done.get(json.dumps(dataclasses.asdict(p), sort_keys=True)) for p in plans]
+
+
+def tune_streamed(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard,
+                  work: Callable[[RunPlans], T]) -> T:
+    """``work(run_plans)``, where every call of ``run_plans`` becomes trials of ONE Tune run, so
+    the same actors (their imports, their compiled kernels) serve call after call: for work that
+    decides its next plans from the last ones' results (the ablation path, one call per step).
+    ``work`` runs in a thread while Tune drives the trials in this one (Ctrl-C reaches Tune).
+
+    Raises:
+        KeyboardInterrupt: the run was stopped (Ctrl-C, SIGTERM) before ``work`` finished.
+        StudyError: the results disk refused a write meanwhile.
+    """
+    import threading
+
+    from harness import tuning
+
+    feed = tuning.PlanFeed(lambda plan: {"plan": dataclasses.asdict(plan), "device": placement.device,
+                                         "study": settings.study.name})
+    out: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            out["value"] = work(feed.run)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread below
+            out["error"] = err
+        finally:
+            feed.close()
+
+    thread = threading.Thread(target=body, name="plan-feed", daemon=True)
+    thread.start()
+    try:
+        tuning.run(settings, folder, placement, guard, kind="final", searcher=feed, num_samples=-1)
+    finally:
+        feed.close()  # the run ended first: a batch still waiting raises FeedStopped in ``work``
+        thread.join()
+        folder.drop_kernel_checkpoints(run="final-*")
+    if isinstance(out.get("error"), tuning.FeedStopped):
+        raise KeyboardInterrupt
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def keep_policies(settings: Settings, folder: ResultsFolder, cid: str, c: Candidate, parts: list) -> None:

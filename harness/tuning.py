@@ -1,5 +1,6 @@
 """Ray Tune, wired once for both phases: the search (a searcher and a scheduler proposing trials)
-and the final re-training (a grid of fixed plans).
+and the final re-training (a grid of fixed plans, or a :class:`PlanFeed` of batches decided as
+the run goes, for the ablation path).
 
 Also the thin Tune-facing shells over plain objects: :class:`GuardedSearcher` (a searcher that
 stops acting once the results disk refuses writes, as Tune's ``ConcurrencyLimiter`` wraps one),
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -108,6 +110,68 @@ class GuardedSearcher(Searcher):
 
     def set_state(self, state: dict) -> None:
         pass
+
+
+class FeedStopped(RuntimeError):
+    """The Tune run of a :class:`PlanFeed` ended before a batch handed to it had run."""
+
+
+class PlanFeed(Searcher):
+    """Trials from batches of fixed plans handed in while the run goes on (:meth:`run`, called
+    from another thread, blocks until its batch has run): one Tune run serves batch after batch,
+    its actors reused, for work that picks its next plans from the last ones' results (the
+    ablation path). Each trial's config is ``config(plan)``; a failed trial's result is None.
+    The run ends once :meth:`close` is called and nothing is left."""
+
+    def __init__(self, config: Callable[[Any], dict[str, Any]]) -> None:
+        super().__init__()
+        self._config, self._cond = config, threading.Condition()
+        self._queue: list[tuple[list, int, Any]] = []  # (the batch's results, index, plan)
+        self._running: dict[str, tuple[list, int]] = {}
+        self._closed = False
+
+    def __getstate__(self) -> dict:  # Tune pickles its searcher into the run's folder: a feed has no
+        return {}  # state to restore (a resumed study computes its ablation path again)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(lambda plan: {})  # type: ignore[misc]
+
+    def run(self, plans: list[Any]) -> list[dict[str, Any] | None]:
+        """Runs ``plans`` as trials of the run; their last results, in order.
+
+        Raises:
+            FeedStopped: the run ended (stopped, interrupted) before they all ran.
+        """
+        results: list = [_PENDING] * len(plans)
+        with self._cond:
+            self._queue += [(results, i, plan) for i, plan in enumerate(plans)]
+            self._cond.wait_for(lambda: self._closed or _PENDING not in results)
+            if _PENDING in results:
+                raise FeedStopped("the Tune run ended before these plans ran")
+        return results
+
+    def close(self) -> None:
+        """No more batches: the run ends once its trials have; a batch still waiting fails."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def suggest(self, trial_id: str) -> dict | None:
+        with self._cond:
+            if not self._queue:
+                return Searcher.FINISHED if self._closed else None
+            results, i, plan = self._queue.pop(0)
+            self._running[trial_id] = (results, i)
+            return self._config(plan)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        with self._cond:
+            results, i = self._running.pop(trial_id)
+            results[i] = {**result, "checkpoint": ""} if result and result.get("final") and not error else None
+            self._cond.notify_all()
+
+
+_PENDING = object()
 
 
 class DiskWatch(tune.Callback):

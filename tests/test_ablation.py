@@ -147,3 +147,72 @@ def test_ablation__a_best_configuration_with_a_pbt_schedule_has_no_path_and_says
     assert "no ablation path: the best configuration changed its hyperparameters during training" in (
         capsys.readouterr().out)
     assert "ablation" not in report.build(folder)  # no path, no ablation.csv
+
+
+# -- the path's steps as batches of one Tune run (harness.tuning.PlanFeed) --------------------------
+
+def _drive(feed, complete, deadline_s=20.0):
+    """What Tune does with a searcher: ask for a trial, run it, tell how it ended; until FINISHED.
+    Returns the plans in the order they were asked for."""
+    import time
+
+    from ray.tune.search import Searcher
+
+    seen, n, deadline = [], 0, time.monotonic() + deadline_s
+    while (config := feed.suggest(f"t{n}")) != Searcher.FINISHED:
+        assert time.monotonic() < deadline, "the feed neither handed a plan nor finished"
+        if config is None:  # the work is deciding its next batch: Tune asks again later
+            time.sleep(0.001)
+            continue
+        seen.append(config["plan"])
+        result = complete(config["plan"])
+        feed.on_trial_complete(f"t{n}", result, error=result is None)
+        n += 1
+    return seen
+
+
+def test_plan_feed__batches_decided_from_the_last_results_run_as_trials_of_one_run():
+    import threading
+
+    from harness.tuning import PlanFeed
+
+    feed, got = PlanFeed(lambda plan: {"plan": plan}), []
+
+    def work():  # as the ablation path: the second batch depends on the first's results
+        first = feed.run(["a", "b"])
+        got.append(first)
+        got.append(feed.run([f"after-{first[0]['score']}"]))
+        feed.close()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    seen = _drive(feed, lambda plan: None if plan == "b" else {"final": {"return": 1.0}, "score": plan})
+    thread.join(timeout=20)
+    assert seen == ["a", "b", "after-a"]
+    assert got == [[{"final": {"return": 1.0}, "score": "a", "checkpoint": ""}, None],  # b failed
+                   [{"final": {"return": 1.0}, "score": "after-a", "checkpoint": ""}]]
+
+
+def test_plan_feed__a_run_that_ends_first_fails_the_batch_still_waiting():
+    import threading
+    import time
+
+    from harness.tuning import FeedStopped, PlanFeed
+
+    feed, errors = PlanFeed(lambda plan: {"plan": plan}), []
+
+    def work():
+        try:
+            feed.run(["x"])
+        except FeedStopped as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while feed.suggest("t0") is None:  # x is handed out, then Tune stops (Ctrl-C) before it ends
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    feed.close()
+    thread.join(timeout=20)
+    assert not thread.is_alive() and len(errors) == 1
