@@ -171,7 +171,7 @@ def tune_plans(settings: Settings, folder: ResultsFolder, placement: Placement, 
 
     grid = tuning.run(settings, folder, placement, guard, kind="final",
                       param_space={"plan": tune.grid_search([dataclasses.asdict(p) for p in plans]),
-                                   "device": placement.device, "study": settings.study.name})
+                                   **_trial_context(settings, placement)})
     folder.drop_kernel_checkpoints(run="final-*")  # once re-trained, no retry needs them
     done = {}
     for r in grid:  # type: ignore[attr-defined]  # ResultGrid is iterable (it has __getitem__ and __len__)
@@ -179,6 +179,11 @@ def tune_plans(settings: Settings, folder: ResultsFolder, placement: Placement, 
             done[json.dumps(r.config["plan"], sort_keys=True)] = {
                 **r.metrics, "checkpoint": r.checkpoint.path if r.checkpoint else ""}
     return [done.get(json.dumps(dataclasses.asdict(p), sort_keys=True)) for p in plans]
+
+
+def _trial_context(settings: Settings, placement: Placement) -> dict[str, Any]:
+    """What a re-training trial's config holds beside its plan."""
+    return {"device": placement.device, "study": settings.study.name}
 
 
 def tune_streamed(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard,
@@ -196,8 +201,7 @@ def tune_streamed(settings: Settings, folder: ResultsFolder, placement: Placemen
 
     from harness import tuning
 
-    feed = tuning.PlanFeed(lambda plan: {"plan": dataclasses.asdict(plan), "device": placement.device,
-                                         "study": settings.study.name})
+    feed = tuning.PlanFeed(lambda plan: {"plan": dataclasses.asdict(plan), **_trial_context(settings, placement)})
     out: dict[str, Any] = {}
 
     def body() -> None:
