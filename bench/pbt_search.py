@@ -39,6 +39,8 @@ from typing import Any
 import _common  # noqa: F401  (XLA flag before JAX starts)
 import numpy as np
 
+from harness.cluster import usable_cores
+
 STATIC = dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10, num_minibatches=4)
 ENVS = ("cartpole", "dungeon")
 
@@ -146,7 +148,7 @@ def tune_pbt(out: Path, args: argparse.Namespace) -> dict:
     def dist(d: Any) -> Any:
         return tune.loguniform(d.low, d.high) if isinstance(d, LogUniform) else tune.uniform(d.low, d.high)
 
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+    ray.init(num_cpus=usable_cores(), include_dashboard=False, _node_ip_address="127.0.0.1",
              configure_logging=False, log_to_driver=False)
     try:
         pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=args.interval,

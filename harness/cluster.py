@@ -65,6 +65,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask where the OS has one (``taskset``, a
+    batch scheduler's allocation, a container's cpuset), else every core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def start(address: str | None, code_dir: str | None = None) -> tuple[str | None, str | None]:
     """Joins the Ray cluster at ``address``, or starts an embedded one on 127.0.0.1.
 
@@ -102,7 +110,7 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
                 kwargs["_node_ip_address"] = "127.0.0.1"  # a head on loopback: join it there
             ctx = ray.init(address=address, **kwargs)
         else:
-            ctx = _init_embedded(ray, num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1",
+            ctx = _init_embedded(ray, num_cpus=usable_cores(), _node_ip_address="127.0.0.1",
                                  dashboard_host="127.0.0.1", include_dashboard=True,
                                  _metrics_export_port=metrics_port, **kwargs)
     except ClusterError:

@@ -33,6 +33,8 @@ def _pin_cpu_cores(count: int) -> list[int]:
     pinned ([] when none were free: the process keeps every core).
     """
     got = []
+    if not hasattr(os, "sched_getaffinity"):  # no affinity masks on this OS (macOS): unpinned
+        return got
     for core in sorted(os.sched_getaffinity(0)):
         if len(got) == count:
             break

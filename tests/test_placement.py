@@ -191,3 +191,23 @@ def test_trainable__a_trial_asks_ray_for_its_shapes_share_of_a_gpu():
     assert cls.default_resource_request(trial).bundles == [{"CPU": 1, "GPU": 0.3333}]
     other = {"plan": {"config": {**static, "network": "mlp"}}, "device": device}  # a shape not measured
     assert shape_of(other) == {} and cls.default_resource_request(other).bundles == [{"CPU": 1, "GPU": 0.5}]
+
+
+def test_embedded_ray__gets_the_cores_of_the_affinity_mask_not_the_machines(monkeypatch):
+    """Under ``taskset`` or a batch scheduler's allocation, the embedded Ray runs as many trials as
+    the process may use cores, not as many as the machine has."""
+    import os
+
+    import ray
+
+    from harness import cluster
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 7}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # start() sets variables Ray reads
+    seen = {}
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    cluster.start(None)
+    assert seen["num_cpus"] == 2
+    monkeypatch.delattr(os, "sched_getaffinity")  # an OS without affinity masks (macOS): every core
+    assert cluster.usable_cores() == 16
