@@ -364,18 +364,19 @@ def trainable_for(study: str, resources: dict[str, float]) -> type[StudyTrial]:
 def _maybe_crash(plan: Any, chunk: int) -> None:
     """Fault injection for the reliability tests: ``RL_HARNESS_CRASH=TRIAL:TIMES:DIR`` makes
     search trial TRIAL's worker die after its first chunk (``RL_HARNESS_CRASH_CHUNK``: that chunk),
-    the first TIMES attempts (counted in DIR)."""
+    the first TIMES attempts (counted in DIR); several such specs are separated by commas."""
     spec = os.environ.get("RL_HARNESS_CRASH")
     if not spec or chunk != int(os.environ.get("RL_HARNESS_CRASH_CHUNK", "1")) or plan.stream != 0:
         return
     trial = plan.trial
-    target, times, folder = spec.split(":", 2)
-    if int(target) != trial:
-        return
-    attempts = len([p for p in os.listdir(folder) if p.startswith(f"crash-{trial}-")])
-    if attempts < int(times):
-        open(os.path.join(folder, f"crash-{trial}-{attempts}"), "w").close()
-        os._exit(1)
+    for one in spec.split(","):
+        target, times, folder = one.split(":", 2)
+        if int(target) != trial:
+            continue
+        attempts = len([p for p in os.listdir(folder) if p.startswith(f"crash-{trial}-")])
+        if attempts < int(times):
+            open(os.path.join(folder, f"crash-{trial}-{attempts}"), "w").close()
+            os._exit(1)
 
 
 def _maybe_hold(chunk: int) -> None:
