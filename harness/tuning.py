@@ -44,6 +44,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     from harness.trainable import trainable_for
 
     DiskErrorLog.install(guard)
+    logging.getLogger("ray.tune.tune").addFilter(_not_incomplete_trials)
     tuner = tune.Tuner(
         trainable_for(settings.study.name, placement.resources),
         param_space=param_space,
@@ -223,6 +224,12 @@ class DiskErrorLog(logging.Filter):
             for f in [f for f in log.filters if isinstance(f, cls)]:
                 log.removeFilter(f)
             log.addFilter(cls(guard))
+
+
+def _not_incomplete_trials(record: logging.LogRecord) -> bool:
+    """Drops Tune's closing "Trials did not complete: [ID...]": each failed trial has had its own
+    line with its error (ProgressCallback), by its number rather than Tune's id."""
+    return not record.getMessage().startswith("Trials did not complete")
 
 
 class ProgressCallback(tune.Callback):

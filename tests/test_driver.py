@@ -542,3 +542,22 @@ def test_settings__an_algorithm_that_cannot_take_the_env_is_refused_before_ray_s
     with pytest.raises(StudyError, match=r"study cartpole_sac: SAC needs continuous actions; CartPole-v1 has "
                                          r"Discrete\(2\)$"):
         settings_for(study, tmp_path)
+
+
+def test_tuning__tunes_closing_list_of_incomplete_trials_is_not_printed():
+    """Each failed trial has its own line with its error; Tune's "Trials did not complete: [ids]"
+    after them is boilerplate and stays out of the study's output. Other errors still show."""
+    from harness import tuning
+
+    log, seen = logging.getLogger("ray.tune.tune"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    log.addHandler(handler)
+    try:
+        log.addFilter(tuning._not_incomplete_trials)
+        log.error("Trials did not complete: %s", ["cartpole_ppo_trial_5a943cf5"])
+        log.error("Experiment state could not be saved")
+    finally:
+        log.removeHandler(handler)
+        log.removeFilter(tuning._not_incomplete_trials)
+    assert seen == ["Experiment state could not be saved"]

@@ -436,6 +436,7 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
     root = tmp_path / "a" / "cartpole_ppo"
     records = ResultsFolder(root).trials()
     assert [rec["status"] for rec in records] == ["failed", "complete"]
+    assert "trial 0: FAILED" in r.stdout and "Trials did not complete" not in r.stdout + r.stderr  # not Tune's
     assert (tmp_path / "crash-1-0").exists() and not (tmp_path / "crash-1-1").exists()
     assert len(list(tmp_path.glob("crash-0-*"))) == 3  # first attempt + 2 retries
     assert records[1]["resumed_after_chunk"] == 1
