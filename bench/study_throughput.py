@@ -96,10 +96,11 @@ def main() -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        rows = [run_ours(a.configs, a.seeds, a.timesteps, a.configs_per_trial, tmp, "us")]
-        if not a.no_warm:
-            rows.append(run_ours(a.configs, a.seeds, a.timesteps, a.configs_per_trial, tmp, "us-warm"))
-        rows.append(run_naive(a.configs, a.seeds, a.timesteps, tmp))
+        ours = (a.configs, a.seeds, a.timesteps, a.configs_per_trial, tmp)
+        cold = run_ours(*ours, "us")
+        warm = None if a.no_warm else run_ours(*ours, "us-warm")
+        naive = run_naive(a.configs, a.seeds, a.timesteps, tmp)
+    rows = [r for r in (cold, warm, naive) if r]
     slots = usable_cores()  # what the embedded Ray of both is given
     print(f"budget: {a.configs} configs x {a.seeds} seeds x {a.timesteps:,} steps, PPO CartPole-v1, "
           f"{slots} CPU cores")
@@ -109,10 +110,9 @@ def main() -> None:
         r["overhead"] = 1 - r["kernel"] / (r["wall"] * slots)
         print(f"{r['impl']:8} {r['evals']:>6} {r['wall']:>8.1f} {r['kernel']:>9.1f} {r['per_min']:>10.1f} "
               f"{r['overhead']:>8.0%} {r['best']:>7.1f}")
-    naive, warm = rows[-1], (rows[1:-1] or [None])[0]
-    print(f"ratio evals/min us/naive: {rows[0]['per_min'] / naive['per_min']:.2f}"
+    print(f"ratio evals/min us/naive: {cold['per_min'] / naive['per_min']:.2f}"
           + (f" (warm compilation cache: {warm['per_min'] / naive['per_min']:.2f})" if warm else ""))
-    print(f"overhead us: {rows[0]['overhead']:.0%}"
+    print(f"overhead us: {cold['overhead']:.0%}"
           + (f" (warm compilation cache: {warm['overhead']:.0%})" if warm else ""))
 
 

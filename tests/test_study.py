@@ -4,6 +4,7 @@ starts is stopped (each test runs Ray under its own RAY_TMPDIR and checks nothin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -449,17 +450,18 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
 
     # the resumed trial's results are bit-identical to its plan trained without interruption, in a
     # process on one core as the trial's worker was (XLA's rounding depends on its thread count)
-    resumed, study = records[1], studies.get("cartpole_ppo")
-    plan = dict(env=study.env, algo=study.algo, config=resumed["static"], seeds=resumed["seeds"], trial=1,
-                hparams=[c["hparams"] for c in resumed["configs"]], study_seed=study.seed,
-                objective=study.objective, curve_episodes=study.curve_episodes)
+    from tests.driver import settings_for
+
+    resumed = records[1]
+    plan = settings_for(studies.get("cartpole_ppo"), tmp_path / "ref").plan(
+        resumed["static"], [c["hparams"] for c in resumed["configs"]], seeds=resumed["seeds"], trial=1)
     code = ("import json, sys; from harness.kernel import TrialPlan, run_trial\n"
             "r = run_trial(TrialPlan(**json.loads(sys.argv[1])))\n"
             "print(json.dumps([r.scores.tolist(), r.final_returns.tolist(), [c.evals.tolist() for c in r.curves],"
             " r.env_steps]))")
     core = min(os.sched_getaffinity(0))
-    whole = subprocess.run([sys.executable, "-c", code, json.dumps(plan)], capture_output=True, text=True,
-                           cwd=ROOT, env=ray_env, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    whole = subprocess.run([sys.executable, "-c", code, json.dumps(dataclasses.asdict(plan))], capture_output=True,
+                           text=True, cwd=ROOT, env=ray_env, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
     assert whole.returncode == 0, whole.stderr[-3000:]
     scores, finals, evals, steps = json.loads(whole.stdout.splitlines()[-1])
     assert [c["scores"] for c in resumed["configs"]] == scores
