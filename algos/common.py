@@ -171,3 +171,16 @@ def batched(fn: Callable, *, hparams_argnum: int | None = 1) -> Callable:
         return jax.vmap(jax.vmap(fn, in_axes=inner_axes), in_axes=0)(*args)
 
     return outer
+
+
+def refill_lanes(init: Callable, state: Any, hparams: Any, keys: Any, mask: jax.Array) -> Any:
+    """``state`` (leaves ``[C, S, ...]``) with the lanes where ``mask [C]`` is True started afresh:
+    ``init(keys, hparams)`` (the batched init: fresh parameters, optimiser state, envs, RNG keys
+    and statistics) for those configurations, every other lane as it was. The lane-level
+    counterpart of PBT's copy (``algos.pbt``): a traced mask, so one compile serves any refill."""
+    fresh = init(keys, hparams)
+
+    def pick(new: jax.Array, old: jax.Array) -> jax.Array:
+        return jnp.where(mask.reshape(mask.shape + (1,) * (old.ndim - 1)), new, old)
+
+    return jax.tree.map(pick, fresh, state)

@@ -24,6 +24,7 @@ from harness.stats import OBJECTIVES, objective_values
 SEARCH, FINAL = 0, 1
 CURVE_TAG = 7919  # evaluation after chunk k uses fold_in(fold_in(eval key, CURVE_TAG), k)
 PBT_TAG = 104729  # the exploit/explore step after chunk k uses fold_in(fold_in(trial key, PBT_TAG), k)
+CONFIG_TAG = 15485863  # a plan with config_keys: configuration n's keys from fold_in(fold_in(study key, CONFIG_TAG), n)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,15 @@ class TrialPlan:
     # hyperparameters changed between chunks (a PBT lineage replayed): [{"chunk": k, "hparams":
     # [C dicts]}], each applied after chunk k; None: fixed
     schedule: list[dict[str, Any]] | None = None
+    # each configuration's own key (its Optuna number): its keys derive from (study seed, key,
+    # stream, seed index) instead of the trial and its position, so it trains the same in any
+    # trial and lane (the lanes of harness.lanes); None: keyed by the trial
+    config_keys: list[int] | None = None
+    # the trial's length in chunks when its lanes are refilled with new configurations as they
+    # stop (each configuration still trains at most the config's num_chunks); None: num_chunks
+    chunks: int | None = None
+    # lane-level successive halving (harness.lanes): {"eta", "min_steps", "broker"}; None: none
+    lanes: dict[str, Any] | None = None
 
 
 @dataclass
@@ -62,6 +72,7 @@ class ChunkReport:
     steps_per_sec: float  # all C x S runs together, this chunk
     kernel_seconds: float  # time spent in compiled chunks so far (compile excluded)
     pbt: dict[str, Any] | None = None  # the exploit/explore step after this chunk: source, hparams
+    lane_steps: np.ndarray | None = None  # [C] env steps per seed of each lane's configuration so far
 
 
 @dataclass
@@ -77,9 +88,12 @@ class TrialResult:
 
 
 def keys_for(plan: TrialPlan) -> tuple[Any, Any]:
-    """Training and evaluation keys ``[C, S]``; every configuration of a trial shares its seeds."""
+    """Training and evaluation keys ``[C, S]``; every configuration of a trial shares its seeds
+    (with ``config_keys``: each configuration has its own, :func:`config_keys`)."""
     import jax
 
+    if plan.config_keys is not None:
+        return config_keys(plan.study_seed, plan.config_keys, plan.stream, plan.seeds)
     base = jax.random.fold_in(jax.random.key(plan.study_seed), plan.trial)
 
     def stream(tag: int) -> Any:
@@ -88,6 +102,27 @@ def keys_for(plan: TrialPlan) -> tuple[Any, Any]:
         return jax.numpy.broadcast_to(keys, (len(plan.hparams), plan.seeds))
 
     return stream(0), stream(1)
+
+
+def config_keys(study_seed: int, numbers: list[int], stream: int, seeds: int) -> tuple[Any, Any]:
+    """Training and evaluation keys ``[C, S]`` of configurations keyed by their own ``numbers``:
+    (study seed, number, stream, seed index), whichever trial or lane trains them."""
+    return _config_keys_fn(seeds)(np.uint32(study_seed), np.asarray(numbers, np.uint32), np.uint32(stream))
+
+
+@functools.lru_cache(maxsize=8)
+def _config_keys_fn(seeds: int) -> Callable:
+    import jax
+
+    def one(study_seed: Any, number: Any, stream: Any) -> tuple[Any, Any]:
+        base = jax.random.fold_in(jax.random.fold_in(jax.random.key(study_seed), CONFIG_TAG), number)
+
+        def keys(tag: int) -> Any:
+            k = jax.random.fold_in(base, 2 * stream + tag)
+            return jax.vmap(lambda s: jax.random.fold_in(k, s))(np.arange(seeds))
+        return keys(0), keys(1)
+
+    return jax.jit(jax.vmap(one, in_axes=(None, 0, None)))
 
 
 def make_algo(env_name: str, algo_name: str, config: Any) -> Any:
@@ -104,8 +139,8 @@ def _compiled(env_name: str, algo_name: str, config: Any,
               curve_episodes: int = 0) -> tuple[Callable, Callable, Callable, Any]:
     """Jitted ``init``, ``chunk`` and ``evaluate`` over ``[C, S]`` lanes.
 
-    ``chunk(state, hparams, eval_keys, k) -> (state, metrics, evals [C, S])`` trains one chunk
-    and then evaluates the policy (deterministic unless the config samples) on ``curve_episodes``
+    ``chunk(state, hparams, eval_keys, k [C]) -> (state, metrics, evals [C, S])`` trains one
+    chunk (the ``k[c]``-th of configuration c, 0-based) and then evaluates the policy (deterministic unless the config samples) on ``curve_episodes``
     episodes per run, in the same compiled call (NaN when ``curve_episodes`` is 0); its state
     argument is donated (the old state is never read again, so the device holds one copy).
     """
@@ -123,8 +158,9 @@ def _compiled(env_name: str, algo_name: str, config: Any,
         return state, metrics, algo.evaluate(state, key, curve_episodes).return_mean
 
     def chunk(state: Any, hp: Any, eval_keys: Any, k: Any) -> tuple[Any, Any, Any]:
-        fold = jax.vmap(jax.vmap(lambda key: jax.random.fold_in(jax.random.fold_in(key, CURVE_TAG), k)))
-        return algos.batched(train_then_evaluate)(state, hp, fold(eval_keys))
+        fold = jax.vmap(lambda keys, kc: jax.vmap(
+            lambda key: jax.random.fold_in(jax.random.fold_in(key, CURVE_TAG), kc))(keys))
+        return algos.batched(train_then_evaluate)(state, hp, fold(eval_keys, k))
 
     return (jax.jit(algos.batched(algo.init)), jax.jit(chunk, donate_argnums=0),
             jax.jit(algos.batched(algo.evaluate, hparams_argnum=None)), algo)
@@ -144,6 +180,19 @@ def _exploiter(env_name: str, algo_name: str, config: Any, pbt: Any) -> Callable
         return exploit_explore(key, state, hp, fitness, config=pbt, learner_fields=fields)
 
     return jax.jit(exploit, donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=16)
+def _refiller(env_name: str, algo_name: str, config: Any) -> Callable:
+    """Jitted ``refill(state, hparams, train_keys, mask [C]) -> state``: the masked lanes started
+    afresh with their (new) hyperparameters and keys (``algos.common.refill_lanes``); state donated."""
+    import jax
+
+    import algos
+    from algos.common import refill_lanes
+
+    init = algos.batched(_compiled(env_name, algo_name, config)[3].init)
+    return jax.jit(lambda state, hp, keys, mask: refill_lanes(init, state, hp, keys, mask), donate_argnums=0)
 
 
 def pbt_config(spec: dict[str, Any]) -> Any:
@@ -210,6 +259,12 @@ class TrialRunner:
         self.hparams = [dict(h) for h in plan.hparams]  # in effect now (PBT and schedules change them)
         self.schedule = {int(e["chunk"]): e["hparams"] for e in plan.schedule or []}
         self._exploit = None
+        self.lanes = plan.chunks is not None  # lanes refilled with new configurations (refill())
+        if self.lanes and (plan.pbt or plan.schedule or plan.config_keys is None):
+            raise ValueError("a trial whose lanes are refilled needs config_keys and neither PBT nor a schedule")
+        if self.lanes and (config_batch or len(plan.hparams)) < len(plan.hparams):
+            raise ValueError("refilled lanes need every configuration in one kernel; "
+                             f"{len(plan.hparams)} configurations do not run as one batch here")
         if plan.pbt:
             import jax
 
@@ -222,6 +277,10 @@ class TrialRunner:
                 jax.random.fold_in(jax.random.key(plan.study_seed), plan.trial), plan.stream), PBT_TAG)
         self.configs = len(plan.hparams)
         self.runs = self.configs * plan.seeds
+        self.total_chunks = plan.chunks or self.config.num_chunks
+        self.lane_ids = list(plan.config_keys or [])  # each lane's configuration key (refill() changes them)
+        self.lane_start = [0] * self.configs  # the chunk (0-based) where each lane's configuration began
+        self._lane_steps = np.zeros(self.configs, np.int64)  # env steps per seed of each lane's configuration
         self.compile_s, self.kernel_s, self.steps = 0.0, 0.0, 0
         self.curves: list[ChunkReport] = []
         self.restored_chunks = 0  # chunks that came from a snapshot (restore) rather than this process
@@ -256,7 +315,7 @@ class TrialRunner:
         if not is_out_of_memory(err):
             raise err
         self.states = []  # free the device memory before trying a narrower shape
-        if self.batch == 1 or self._exploit is not None:
+        if self.batch == 1 or self._exploit is not None or self.lanes:
             raise OutOfMemory(
                 f"{self.plan.env}/{self.plan.algo} trial {self.plan.trial}: one configuration x "
                 f"{self.plan.seeds} seeds does not fit in device memory; lower seeds, num_envs or "
@@ -269,8 +328,9 @@ class TrialRunner:
         import jax
 
         out = []
-        for g in range(len(self.groups)):  # every sub-batch is dispatched before any is waited on
-            self.states[g], m, ev = self._chunk(self.states[g], self.hps[g], self.group_eval_keys[g], k)
+        for g, idx in enumerate(self.groups):  # every sub-batch is dispatched before any is waited on
+            ks = np.array([k - self.lane_start[i] for i in idx + [idx[0]] * (self.batch - len(idx))], np.int32)
+            self.states[g], m, ev = self._chunk(self.states[g], self.hps[g], self.group_eval_keys[g], ks)
             out.append((m, ev))
         if k + 1 in self.schedule:  # new hyperparameters from the next chunk on
             self._set_hparams([{**h, **new} for h, new in zip(self.hparams, self.schedule[k + 1], strict=True)])
@@ -304,7 +364,55 @@ class TrialRunner:
 
     @property
     def done(self) -> bool:
-        return len(self.curves) >= self.config.num_chunks
+        return len(self.curves) >= self.total_chunks
+
+    def lane_chunks(self, lane: int) -> int:
+        """Chunks the lane's current configuration has trained."""
+        return len(self.curves) - self.lane_start[lane]
+
+    def refill(self, lanes: list[int], hparams: list[dict[str, float]], ids: list[int]) -> None:
+        """Starts ``lanes`` afresh with new configurations (their ``hparams`` and keys ``ids``), on
+        the device, from the next chunk on; the other lanes go on untouched. Each new one trains
+        as it would alone: its keys and its chunk count are its own."""
+        if not self.lanes:
+            raise ValueError("refill() needs a plan whose lanes are refilled (chunks and config_keys set)")
+        for c, h, n in zip(lanes, hparams, ids, strict=True):
+            self.hparams[c], self.lane_ids[c], self.lane_start[c] = dict(h), int(n), len(self.curves)
+            self._lane_steps[c] = 0
+        train_keys = self._lane_keys()
+        self.hps[0] = _stack_hparams(self.plan.algo, self.hparams)
+        mask = np.isin(np.arange(self.configs), lanes)
+        self.states[0] = _refiller(self.plan.env, self.plan.algo, self.config)(self.states[0], self.hps[0],
+                                                                               train_keys, mask)
+
+    def _lane_keys(self) -> Any:
+        """Sets every lane's evaluation keys from its configuration key; returns the training keys."""
+        train, evals = config_keys(self.plan.study_seed, self.lane_ids, self.plan.stream, self.plan.seeds)
+        self.train_keys, self.eval_keys = train, evals
+        self.group_eval_keys[0] = evals
+        return train
+
+    def lane_objective(self, lanes: list[int], final: np.ndarray | None = None) -> np.ndarray:
+        """``[len(lanes), S]`` each lane's configuration's value under the plan's objective over its
+        own chunks (``final``: its final evaluation, else its latest one); NaN where diverged."""
+        out = []
+        for j, c in enumerate(lanes):
+            curve = self.curves[self.lane_start[c]:]
+            evals = np.stack([r.evals[c] for r in curve])
+            steps = [int(r.lane_steps[c]) if r.lane_steps is not None else r.env_steps for r in curve]
+            values = objective_values(evals, steps, self.plan.objective, final=None if final is None else final[j],
+                                      threshold=self.plan.threshold, budget=self.budget_steps)
+            out.append(np.where(curve[-1].diverged[c], np.nan, values))
+        return np.array(out, np.float64).reshape(len(lanes), self.plan.seeds)
+
+    def lane_results(self, lanes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(scores, final returns, diverged), each ``[len(lanes), S]``: the lanes' configurations
+        evaluated now on their evaluation seeds (as :meth:`finish` does at a trial's end)."""
+        self._eval_compile.join()
+        ev = np.asarray(self._evaluate(self.states[0], self.group_eval_keys[0]).return_mean, np.float64)
+        diverged = np.asarray(self.curves[-1].diverged)[lanes]
+        final = np.where(diverged, np.nan, ev[lanes])
+        return np.where(diverged, np.nan, self.lane_objective(lanes, final)), final, diverged
 
     def chunk(self) -> ChunkReport:
         t = time.perf_counter()
@@ -319,14 +427,16 @@ class TrialRunner:
         else:  # the first call compiles; count it as overhead, not kernel time
             self.compile_s += dt
             self._warm = True
-        new_steps = int(np.asarray(m.env_steps)[0, 0, -1])
+        lane_steps = np.asarray(m.env_steps)[:, 0, -1].astype(np.int64)
+        new_steps = int(lane_steps[0]) if not self.lanes else self.config.env_steps_after(len(self.curves) + 1)
         report = ChunkReport(
-            chunk=len(self.curves) + 1, num_chunks=self.config.num_chunks, env_steps=new_steps,
+            chunk=len(self.curves) + 1, num_chunks=self.total_chunks, env_steps=new_steps,
             returns=_nanmean_last_axis(np.asarray(m.episode_return)),
             evals=np.broadcast_to(np.asarray(evals, np.float64), (self.configs, self.plan.seeds)).copy(),
             diverged=np.asarray(m.diverged)[..., -1].astype(bool),
-            steps_per_sec=(new_steps - self.steps) * self.runs / max(dt, 1e-9), kernel_seconds=self.kernel_s)
-        self.steps = new_steps
+            steps_per_sec=int((lane_steps - self._lane_steps).sum()) * self.plan.seeds / max(dt, 1e-9),
+            kernel_seconds=self.kernel_s, lane_steps=lane_steps)
+        self.steps, self._lane_steps = new_steps, lane_steps
         self.curves.append(report)
         if self._exploit is not None and report.chunk % int(self.plan.pbt["interval"]) == 0 and not self.done:
             report.pbt = self._exploit_explore(report.chunk)
@@ -352,6 +462,8 @@ class TrialRunner:
             "state": {str(i): x for i, x in enumerate(jax.tree.leaves(state))},
             "hps": {str(i): x for i, x in enumerate(jax.tree.leaves(hps))},
             "hparams": json.dumps(self.hparams), "curves": {str(i): c for i, c in enumerate(curves)},
+            "lanes": json.dumps({"ids": self.lane_ids, "start": self.lane_start,
+                                 "steps": [int(x) for x in self._lane_steps]}),
             "steps": self.steps, "kernel_seconds": self.kernel_s, "compile_seconds": self.compile_s})
 
     def restore(self, blob: bytes) -> None:
@@ -385,6 +497,11 @@ class TrialRunner:
             self.hps[g] = jax.device_put(jax.tree.map(lambda x, p=padded: x[p], hps))
         self.hparams = json.loads(snap["hparams"])
         self.curves = [_report_from_record(snap["curves"][str(i)]) for i in range(len(snap["curves"]))]
+        lanes = json.loads(snap["lanes"])
+        self.lane_ids, self.lane_start = lanes["ids"], lanes["start"]
+        self._lane_steps = np.array(lanes["steps"], np.int64)
+        if self.lanes:
+            self._lane_keys()
         self.steps = int(snap["steps"])
         self.kernel_s, self.compile_s = float(snap["kernel_seconds"]), float(snap["compile_seconds"])
         self.restored_chunks = len(self.curves)
@@ -498,7 +615,7 @@ def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = 
     return runner.finish()
 
 
-SNAPSHOT_FORMAT = "rl-harness trial snapshot 1"
+SNAPSHOT_FORMAT = "rl-harness trial snapshot 2"  # 2: lanes
 
 
 def _key_data(tree: Any) -> Any:
