@@ -24,7 +24,7 @@ from harness.stats import OBJECTIVES, objective_values
 SEARCH, FINAL = 0, 1
 CURVE_TAG = 7919  # evaluation after chunk k uses fold_in(fold_in(eval key, CURVE_TAG), k)
 PBT_TAG = 104729  # the exploit/explore step after chunk k uses fold_in(fold_in(trial key, PBT_TAG), k)
-CONFIG_TAG = 15485863  # a plan with config_keys: configuration n's keys from fold_in(fold_in(study key, CONFIG_TAG), n)
+CONFIG_TAG = 15485863  # with config_keys: configuration n's keys from fold_in(fold_in(study key, CONFIG_TAG), n)
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,8 @@ def _compiled(env_name: str, algo_name: str, config: Any,
     """Jitted ``init``, ``chunk`` and ``evaluate`` over ``[C, S]`` lanes.
 
     ``chunk(state, hparams, eval_keys, k [C]) -> (state, metrics, evals [C, S])`` trains one
-    chunk (the ``k[c]``-th of configuration c, 0-based) and then evaluates the policy (deterministic unless the config samples) on ``curve_episodes``
+    chunk (the ``k[c]``-th of configuration c, 0-based) and then evaluates the policy
+    (deterministic unless the config samples) on ``curve_episodes``
     episodes per run, in the same compiled call (NaN when ``curve_episodes`` is 0); its state
     argument is donated (the old state is never read again, so the device holds one copy).
     """

@@ -53,7 +53,7 @@ class Progress:
     def _note_best(self, record: dict[str, Any]) -> None:
         sign = 1 if self.maximize else -1
         for c in record["configs"]:
-            v = config_value(c, self.metric) if record["status"] == "complete" else None
+            v = config_value(c, self.metric) if c.get("status", record["status"]) == "complete" else None
             if v is not None and (self.best is None or sign * v > sign * self.best[0]):
                 self.best = (v, config_id(record["trial"], c["index"]), c["params"])
 
@@ -64,7 +64,12 @@ class Progress:
         self._note_best(record)
         values = [v for c in record["configs"] if (v := config_value(c, self.metric)) is not None]
         pick = max if self.maximize else min
-        what = {"complete": f"best of its {len(record['configs'])} configs {pick(values):.1f}" if values
+        n = len(record["configs"])
+        if record.get("lanes"):
+            to_end = sum(c.get("status") == "complete" for c in record["configs"])
+            n = f"{n} (its lanes refilled; {to_end} trained to the end, {n - to_end} stopped early)"
+        what = {"complete": f"best of its {n} configs {pick(values):.1f}" if values
+                else "no config trained to the end without diverging" if record.get("lanes")
                 else "all configs diverged",
                 "pruned": "stopped early by ASHA",
                 "failed": "FAILED" + (f": {record['error']}" if record.get("error") else "")}[record["status"]]

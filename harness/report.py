@@ -38,6 +38,7 @@ def tables(where: ResultsFolder | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.
     for rec in folder.trials():
         for c in rec["configs"]:
             cid = config_id(rec["trial"], c["index"])
+            status = c.get("status", rec["status"])  # a refilled lane's configuration has its own
             scores = [np.nan if s is None else s for s in (c.get("scores") or [])]
             diverged = c.get("diverged") or []
             for s in range(rec["seeds"]):
@@ -45,18 +46,20 @@ def tables(where: ResultsFolder | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.
                     config_id=cid, trial=rec["trial"], seed=s,
                     score=scores[s] if scores else np.nan,
                     diverged=bool(diverged[s]) if diverged else False,
-                    status=rec["status"]))
+                    status=status))
             finite = np.array([v for v in scores if np.isfinite(v)])
             finals = np.array([v for v in (c.get("final_returns") or []) if v is not None], float)
             lo, hi = bootstrap_ci(finite)
             config_rows.append(dict(
-                config_id=cid, trial=rec["trial"], optuna_number=c["optuna_number"], status=rec["status"],
-                **_param_columns(c["params"]), seeds=rec["seeds"], env_steps=rec.get("env_steps", 0),
+                config_id=cid, trial=rec["trial"], optuna_number=c["optuna_number"], status=status,
+                **_param_columns(c["params"]), seeds=rec["seeds"],
+                env_steps=c.get("env_steps", rec.get("env_steps", 0)),
                 mean=finite.mean() if len(finite) else np.nan,
                 std=finite.std(ddof=1) if len(finite) > 1 else np.nan,
                 iqm=iqm(finite), ci_low=lo, ci_high=hi,
                 final_return=finals.mean() if len(finals) else np.nan,
-                diverged=any(diverged), pruned=bool(c.get("pruned"))))
+                diverged=any(diverged), pruned=bool(c.get("pruned")),
+                **({"stopped": c.get("stopped", "")} if rec.get("lanes") else {})))
         curve_parts.append(_curves_of(rec))
     configs = pd.DataFrame(config_rows)
     curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame(columns=CURVE_COLUMNS)
@@ -102,6 +105,8 @@ def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
     """A trial record's curves, one row per (configuration, seed, chunk), built as arrays (a GPU
     study's records hold millions of points)."""
     points = rec.get("curves", [])
+    if rec.get("lanes"):  # each configuration has its own curve (its lane's chunks)
+        return _lane_curves_of(rec)
     if not points:
         return pd.DataFrame(columns=CURVE_COLUMNS)
     def grid(key: str) -> np.ndarray:  # [K, C, S]; NaN where missing (records made before evaluations)
@@ -115,6 +120,13 @@ def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame({"config_id": np.tile(np.repeat(ids, s), k), "seed": np.tile(np.arange(s), k * c),
                          "env_steps": np.repeat(steps, c * s), "episode_return": returns.reshape(-1),
                          "eval_return": evals.reshape(-1)})
+
+
+def _lane_curves_of(rec: dict[str, Any]) -> pd.DataFrame:
+    rows = [(config_id(rec["trial"], c["index"]), s, p["env_steps"], p["returns"][s], p["evals"][s])
+            for c in rec["configs"] for p in c.get("curve", []) for s in range(rec["seeds"])]
+    frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+    return frame.astype({"episode_return": float, "eval_return": float})
 
 
 def reevaluated_best(final: dict[str, Any], metric: str, maximize: bool) -> dict[str, Any]:

@@ -63,7 +63,8 @@ def storage(url: str) -> optuna.storages.BaseStorage | str:
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT}})
 
 
-def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str = "tpe") -> optuna.Study:
+def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str = "tpe",
+               pruner: optuna.pruners.BasePruner | None = None, stream: int = 0) -> optuna.Study:
     """The Optuna study for ``study`` in the storage at ``url`` (created on first use). Without a
     ``seed``, the sampler's seed moves on with the study (the study's seed and its trials so far),
     so a resumed study does not replay the proposals it made before it was interrupted."""
@@ -73,9 +74,9 @@ def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str 
             told = len(optuna.load_study(study_name=study.name, storage=storage(url)).get_trials(deepcopy=False))
         except KeyError:
             told = 0
-        seed = study.seed * 1_000_003 + told
+        seed = study.seed * 1_000_003 + told + stream * 7_919_993  # stream: another process asking too
     return optuna.create_study(study_name=study.name, storage=storage(url), sampler=make_sampler(sampler, seed),
-                               direction=direction, load_if_exists=True)
+                               direction=direction, load_if_exists=True, pruner=pruner)
 
 
 def suggest(trial: optuna.Trial, space: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +157,9 @@ class BatchedOptunaSearcher(Searcher):
             t.set_user_attr(TRIAL_ATTR, number)
             t.set_user_attr(CONFIG_ATTR, i)
         plan = self.make_plan(points, number)
+        if plan.lanes is not None:  # lanes refilled: each configuration keyed by its Optuna number
+            plan = replace(plan, config_keys=[t.number for t in trials],
+                           lanes={**plan.lanes, "static": fixed, "params": points})
         self.live[trial_id] = (trials, points, plan)
         if self.on_suggest:
             self.on_suggest(InFlight(trial=number, plan=asdict(plan), points=points,
@@ -186,6 +190,8 @@ class BatchedOptunaSearcher(Searcher):
                 "returns": result["returns"],
                 **{k: result[k] for k in ("evals", "objective") if k in result},
                 **({"pbt": json.loads(result["pbt"])} if result.get("pbt") else {})}
+        if trial_id in self.live and self.live[trial_id][2].lanes is not None:
+            return  # its lanes' broker reports their configurations to Optuna
         if trial_id in self.live and result.get("num_chunks"):  # the curves so far, live
             picked = reported_chunks(int(result["num_chunks"]))
             rows = [r for k, r in sorted(self.curves.get(trial_id, {}).items()) if k in picked]
@@ -213,6 +219,9 @@ class BatchedOptunaSearcher(Searcher):
         if result:  # the last result may arrive only here (e.g. when the scheduler stops a trial)
             self.on_trial_result(trial_id, result)
         trials, points, plan = self.live[trial_id]
+        if plan.lanes is not None:
+            self._complete_lanes(trial_id, result, error)
+            return
         if result and result.get("final"):
             status = "complete"
         elif not error and result is not None and self.is_pruned(trial_id):
@@ -255,6 +264,32 @@ class BatchedOptunaSearcher(Searcher):
                     t.set_user_attr("pbt_value", value)
         tell(self.ostudy, record)
 
+    def _complete_lanes(self, trial_id: str, result: dict | None, error: bool) -> None:
+        """The record of a trial whose lanes were refilled: every configuration that ended in it
+        (its own status, curve and why it stopped); the first ones, if the trial failed before
+        they ended, as failed."""
+        trials, points, plan = self.live.pop(trial_id)
+        self.curves.pop(trial_id, None)
+        result = result or {}
+        status = "complete" if result.get("final") and not error else "failed"
+        configs = json.loads(result.get("lane_configs") or "[]")
+        ended = {c["optuna_number"] for c in configs}
+        for t, p, h in zip(trials, points, plan.hparams, strict=True):
+            if t.number not in ended:
+                configs.append({"index": len(configs), "optuna_number": t.number, "params": p, "hparams": h,
+                                "status": "failed", "stopped": "its trial failed", "pruned": False,
+                                "scores": None, "final_returns": None, "diverged": None})
+        lanes = {k: v for k, v in plan.lanes.items() if k != "params"}
+        record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
+                  "objective": plan.objective, "threshold": plan.threshold, "pbt": None, "lanes": lanes,
+                  "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": [],
+                  "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
+                  **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error",
+                                            "resumed_after_chunk", "checkpoints", "checkpoint_seconds")
+                     if k in result}}
+        self.on_complete(record)
+        tell(self.ostudy, record)
+
     def save(self, checkpoint_path: str) -> None:  # state lives in Optuna's storage and our records
         pass
 
@@ -275,10 +310,11 @@ def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
     """Tells each Optuna trial of a trial record its state (idempotent)."""
     for c in record["configs"]:
         number = c["optuna_number"]
-        value = config_value(c, record.get("metric", "mean")) if record["status"] == "complete" else None
+        status = c.get("status", record["status"])  # a refilled lane's configuration has its own
+        value = config_value(c, record.get("metric", "mean")) if status == "complete" else None
         if record.get("pbt"):  # its hyperparameters changed mid-run: keep it out of TPE's model
             ostudy.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        elif record["status"] == "pruned":
+        elif status == "pruned":
             ostudy.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
         elif value is not None:
             ostudy.tell(number, value, skip_if_finished=True)

@@ -57,41 +57,82 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         if guard.note(err):
             raise guard.error() from None
         raise StudyError(f"cannot open Optuna storage {settings.storage!r}: {str(err).splitlines()[0]}") from None
-    adopt = adoptable(folder, ostudy, records)[:max(0, budget.trials - len(records))]
+    trials = settings.tune_trials(budget)
+    adopt = adoptable(folder, ostudy, records)[:max(0, trials - len(records))]
     stale = reconcile(ostudy, records, keep={n for e in adopt for n in e.optuna_numbers})
     if records or stale or adopt:
         say(resuming_line(len(records), stale, adopt))
-    progress = Progress(budget.trials, metric=settings.study.metric, maximize=settings.maximize, records=records)
-    remaining = budget.trials - len(records)
+    progress = Progress(trials, metric=settings.study.metric, maximize=settings.maximize, records=records)
+    remaining = trials - len(records)
     if remaining <= 0:
-        return SearchOutcome(progress.done, budget.trials)
+        return SearchOutcome(progress.done, trials)
     scheduler = asha(settings, budget)
+    broker = BrokerHandle(settings, budget) if settings.scheduler == "lanes" else None
     sink = RecordSink(folder, progress, ran_before=any(r["status"] != "failed" for r in records))
     searcher = BatchedOptunaSearcher(
         settings.study, ostudy, static_names=settings.static_names, configs_per_trial=budget.configs_per_trial,
-        make_plan=plan_factory(settings, budget), extra={"device": placement.device},
+        make_plan=plan_factory(settings, budget, broker.name if broker else ""),
+        extra={"device": placement.device},
         on_complete=sink, on_suggest=folder.note_inflight, adopt=adopt,
         is_pruned=lambda tid: scheduler is not None and tid in scheduler.stopped)
     # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
-    tuning.run(settings, folder, placement, guard, kind="run", searcher=searcher, scheduler=scheduler,
-               num_samples=remaining, callbacks=[tuning.ProgressCallback(progress)],
-               halt=lambda: sink.same_failure is not None)
+    try:
+        tuning.run(settings, folder, placement, guard, kind="run", searcher=searcher, scheduler=scheduler,
+                   num_samples=remaining, callbacks=[tuning.ProgressCallback(progress)],
+                   halt=lambda: sink.same_failure is not None)
+    finally:
+        if broker:
+            broker.stop()
     if sink.same_failure:
         raise StudyError(f"every trial failed the same way, so the study stopped: {sink.same_failure} "
                          f"(records in {folder.root}; fix it, then resume with: {settings.resume_command})")
-    return SearchOutcome(progress.done, budget.trials)
+    return SearchOutcome(progress.done, trials)
 
 
-def plan_factory(settings: Settings, budget: Budget) -> Callable[[list[dict[str, Any]], int], Any]:
-    """A search trial's plan from its C points: their shared static choices, their own hyperparameters."""
+def plan_factory(settings: Settings, budget: Budget,
+                 broker: str = "") -> Callable[[list[dict[str, Any]], int], Any]:
+    """A search trial's plan from its C points: their shared static choices, their own
+    hyperparameters (with ``lanes``: refilled for the rounds of a lane trial, answered by ``broker``)."""
     pbt = settings.pbt()
+    lanes = settings.lanes(budget, broker)
 
     def make(points: list[dict[str, Any]], trial: int) -> Any:
         static = {n: points[0][n] for n in settings.static_names}
         config = settings.static_config(static, budget.timesteps)
         hparams = [settings.hparams(p) for p in points]
-        return settings.plan(config, hparams, seeds=budget.seeds, trial=trial, pbt=pbt)
+        chunks = None
+        if lanes:
+            from harness.kernel import build_config
+
+            chunks = build_config(settings.study.algo, config).num_chunks * settings.lane_rounds(budget)
+        return settings.plan(config, hparams, seeds=budget.seeds, trial=trial, pbt=pbt, lanes=lanes, chunks=chunks)
     return make
+
+
+class BrokerHandle:
+    """The study's :class:`~harness.lanes.LaneBroker` as a Ray actor on this (the driver's) node,
+    where the Optuna storage is: found by the trials under ``name``; :meth:`stop` ends it."""
+
+    def __init__(self, settings: Settings, budget: Budget) -> None:
+        import uuid
+
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from harness.lanes import LaneBroker
+
+        self.name = f"rl-harness-lanes-{settings.study.name}-{uuid.uuid4().hex[:8]}"
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        spec = settings.lanes(budget, self.name) or {}
+        self.actor = ray.remote(num_cpus=0)(LaneBroker).options(name=self.name, scheduling_strategy=here).remote(
+            settings.study, settings.storage, static_names=settings.static_names, hparams=settings.hparams,
+            min_steps=spec["min_steps"], eta=spec["eta"], sampler=settings.sampler)
+        ray.get(self.actor.ping.remote())  # started (its errors surface here, not in a trial)
+
+    def stop(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
 
 
 def adoptable(folder: ResultsFolder, ostudy: Any, records: list[dict[str, Any]]) -> list[InFlight]:

@@ -54,7 +54,7 @@ class Settings:
     study: Study
     algo: Any  # algos.AlgoSpec
     budgets: dict[str, Budget]  # by device kind ("cpu", "gpu"), each validated
-    scheduler: Literal["asha", "pbt", "none"]
+    scheduler: Literal["asha", "lanes", "pbt", "none"]
     checkpoint: dict[str, float]  # checkpoint_seconds / checkpoint_chunks, for the trials' device settings
     device_bytes: int | None  # --device-memory
     sampler: str
@@ -83,6 +83,25 @@ class Settings:
         """The plans' population-based training entry, or None without PBT."""
         return self.study.pbt_plan(set(self.config_fields)) if self.scheduler == "pbt" else None
 
+    def tune_trials(self, budget: Budget) -> int:
+        """Ray Tune trials the search runs: the budget's, or with ``lanes`` one per
+        :data:`harness.lanes.ROUNDS` of them (each as long as that many, its lanes refilled)."""
+        return -(-budget.trials // self.lane_rounds(budget)) if self.scheduler == "lanes" else budget.trials
+
+    def lane_rounds(self, budget: Budget) -> int:
+        from harness.lanes import ROUNDS
+
+        return min(ROUNDS, budget.trials)
+
+    def lanes(self, budget: Budget, broker: str) -> dict[str, Any] | None:
+        """A search plan's ``lanes`` entry (``scheduler == "lanes"``), or None: rungs from 1/eta**2
+        of the budget's env steps, answered by the broker named ``broker``."""
+        if self.scheduler != "lanes":
+            return None
+        from harness.lanes import ETA
+
+        return {"eta": ETA, "min_steps": max(1, budget.timesteps // ETA**2), "broker": broker}
+
     # -- the one merge and the one factory -------------------------------------------------------
     def static_config(self, point: dict[str, Any], timesteps: int) -> dict[str, Any]:
         """The static config of a trial: the study's, its static choices, its env steps per seed
@@ -95,12 +114,14 @@ class Settings:
 
     def plan(self, config: dict[str, Any], hparams: list[dict[str, float]], *, seeds: int, trial: int,
              stream: int = SEARCH, pbt: dict[str, Any] | None = None,
-             schedule: list[dict[str, Any]] | None = None) -> TrialPlan:
-        """The plan of one kernel of this study: ``len(hparams)`` configurations x ``seeds`` seeds."""
+             schedule: list[dict[str, Any]] | None = None, lanes: dict[str, Any] | None = None,
+             chunks: int | None = None) -> TrialPlan:
+        """The plan of one kernel of this study: ``len(hparams)`` configurations x ``seeds`` seeds
+        (``lanes``, ``chunks``: its lanes refilled for ``chunks`` chunks, harness.lanes)."""
         s = self.study
         return TrialPlan(env=s.env, algo=s.algo, config=config, hparams=hparams, seeds=seeds, trial=trial,
                          study_seed=s.seed, stream=stream, objective=s.objective, threshold=s.threshold,
-                         curve_episodes=s.curve_episodes, pbt=pbt, schedule=schedule)
+                         curve_episodes=s.curve_episodes, pbt=pbt, schedule=schedule, lanes=lanes, chunks=chunks)
 
     def chunks(self, budget: Budget) -> list[int]:
         """Chunks each static configuration of the study trains for at ``budget``."""

@@ -96,7 +96,7 @@ class PBT:
     perturb: Literal["multiply", "resample"] = "multiply"
 
 
-SCHEDULERS = ("asha", "pbt", "none")
+SCHEDULERS = ("asha", "lanes", "pbt", "none")
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,9 @@ class Study:
             ``reference_label``: tuned vs default then also says how far each is above it and
             the ratio of those margins (a game whose returns start negative has no meaningful
             plain ratio).
-        scheduler: ``asha`` (stop the worse half of the trials at the halfway rung), ``pbt``
+        scheduler: ``asha`` (stop the worse half of the trials at the halfway rung), ``lanes``
+            (successive halving of each configuration inside the trials' kernels, whose lanes are
+            refilled with new configurations: harness.lanes), ``pbt``
             (population-based training inside each trial's kernel, settings in ``pbt``) or
             ``none``; ``--scheduler`` overrides it.
         pbt: the population-based training settings (defaults when None).
@@ -164,7 +166,7 @@ class Study:
     baseline: dict[str, Any] = field(default_factory=dict)
     reference: float | None = None
     reference_label: str = "reference"
-    scheduler: Literal["asha", "pbt", "none"] = "asha"
+    scheduler: Literal["asha", "lanes", "pbt", "none"] = "asha"
     pbt: PBT | None = None
     source: str | None = None  # the study file it came from (set by studies.load_file)
 

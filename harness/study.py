@@ -44,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="start over; the old results folder is kept aside")
     p.add_argument("--smoke", action="store_true", help="a tiny budget (about a minute on a laptop CPU)")
     p.add_argument("--scheduler", choices=SCHEDULERS,
-                   help="asha: stop the worse half of the trials at the halfway rung; pbt: population-based "
+                   help="asha: stop the worse half of the trials at the halfway rung; lanes: successive "
+                        "halving of each configuration at 1/9 and 1/3 of its budget inside the trial's kernel, "
+                        "whose stopped lanes take new configurations; pbt: population-based "
                         "training inside each trial's kernel; none: run every trial to the end (default: the "
                         "study's, usually asha)")
     p.add_argument("--no-asha", action="store_true", help="the same as --scheduler none")

@@ -20,6 +20,8 @@ from ray import tune
 from harness.folder import KERNEL_FILE  # a mid-run checkpoint: the trial's whole kernel (TrialRunner.snapshot)
 from harness.records import write_bytes
 
+LANES_FILE = "lanes.json"  # beside it, for a trial whose lanes are refilled: harness.lanes.LaneTrial.state
+
 _SETUP_DONE = False
 CHECKPOINT_SECONDS = 60.0  # default interval between mid-run checkpoints
 _CORE_LOCKS: list[Any] = []  # held for the process's lifetime
@@ -184,8 +186,14 @@ class StudyTrial(tune.Trainable):
         self.last_checkpoint = (time.monotonic(), 0)  # (when, after how many chunks)
         self.checkpoint_seconds, self.checkpoints = 0.0, 0
         self.watchdog.busy()
+        self.lanes = self.broker = None
         try:  # compiles on first use of a static config
             self.runner = TrialRunner(self.plan, config_batch=shape_of(config).get("config_batch"))
+            if self.plan.lanes:  # lane-level successive halving: the lanes' side, and the broker's line
+                from harness.lanes import LaneTrial, broker_call
+
+                self.lanes = LaneTrial.start(self.plan, self.runner.budget_steps)
+                self.broker = broker_call(self.plan.lanes["broker"])
         except (OutOfMemory, *DETERMINISTIC) as err:
             self.failure = failure_text(err)
         self.restored_curves = ""
@@ -198,14 +206,21 @@ class StudyTrial(tune.Trainable):
         """Continues from the kernel checkpoint at ``path``; False (and a line in the worker's log)
         where it cannot be read, e.g. cut short when its driver was killed."""
         try:
+            lanes = None
+            if self.lanes is not None:  # read first: a runner restored without its lanes would be half-restored
+                from harness.lanes import LaneTrial
+
+                with open(os.path.join(os.path.dirname(path), LANES_FILE)) as f:
+                    lanes = LaneTrial.from_state(f.read())
             with open(path, "rb") as f:
                 self.runner.restore(f.read())
-        except (OSError, ValueError) as err:
+            self.lanes = lanes or self.lanes
+        except (OSError, ValueError, KeyError, TypeError) as err:
             print(f"rl-harness: trial {self.plan.trial}: checkpoint {path} not used ({err})", flush=True)
             return False
         self.last_checkpoint = (time.monotonic(), len(self.runner.curves))
         rows = []
-        for k, r in enumerate(self.runner.curves, start=1):  # what the searcher keeps of each chunk
+        for k, r in enumerate(self.runner.curves if self.lanes is None else [], start=1):  # the searcher's rows
             rows.append({"chunk": r.chunk, "env_steps": r.env_steps, "returns": _floats(r.returns),
                          "evals": _floats(r.evals), "objective": _floats(self.runner.objective_so_far(k)),
                          **({"pbt": r.pbt} if r.pbt else {})})
@@ -225,6 +240,8 @@ class StudyTrial(tune.Trainable):
             return None
         t = time.perf_counter()
         if not self.runner.done:
+            if self.lanes is not None:
+                write_bytes(os.path.join(checkpoint_dir, LANES_FILE), self.lanes.state().encode())
             write_bytes(os.path.join(checkpoint_dir, KERNEL_FILE), self.runner.snapshot())
             self.checkpoint_seconds += time.perf_counter() - t
             self.checkpoints += 1
@@ -262,6 +279,30 @@ class StudyTrial(tune.Trainable):
         cost = self.checkpoint_seconds / self.checkpoints if self.checkpoints else 0.0
         return time.monotonic() - since >= max(seconds, 20 * cost)
 
+    def _lane_configs(self) -> dict[str, Any]:
+        """The configurations whose lanes ended so far (JSON: Tune flattens nested results)."""
+        return {"lane_configs": json.dumps(self.lanes.records())} if self.lanes is not None else {}
+
+    def _lane_step(self, r: Any) -> dict[str, Any]:
+        """A chunk's result for a trial whose lanes are refilled: the best configuration that
+        ended so far (Tune's view), progress, and at the end every configuration's record."""
+        from harness.stats import config_score, maximized
+
+        _maybe_crash(self.plan, r.chunk)
+        self.watchdog.idle()
+        records = self.lanes.records()
+        scores = [v for c in records if c["status"] == "complete"
+                  and (v := config_score(c["scores"], c["diverged"])) is not None]
+        best = (max(scores) if maximized(self.plan.objective) else min(scores)) if scores else float("nan")
+        out = {"score": best, "chunk": r.chunk, "num_chunks": r.num_chunks, "env_steps": r.env_steps,
+               "steps_per_sec": r.steps_per_sec, "kernel_seconds": r.kernel_seconds,
+               "configs_ended": len(records), "checkpoints": self.checkpoints,
+               "checkpoint_seconds": self.checkpoint_seconds, "resumed_after_chunk": self.runner.restored_chunks}
+        if not self.runner.done:
+            return {**out, "should_checkpoint": self._checkpoint_due()}
+        return {**out, **self._lane_configs(), "final": True, "done": True,
+                "compile_seconds": self.runner.compile_s, "trial_seconds": time.perf_counter() - self.started}
+
     def __repr__(self) -> str:
         plan = getattr(self, "plan", None)
         return f"{getattr(self, 'study_name', 'study')} trial {plan.trial if plan else '?'}"
@@ -274,12 +315,18 @@ class StudyTrial(tune.Trainable):
             self.watchdog.busy()
             try:
                 r = self.runner.chunk()
-                result = self.runner.finish() if self.runner.done else None
+                if self.lanes is not None:
+                    self.lanes.after_chunk(self.runner, self.broker)
+                    result = None
+                else:
+                    result = self.runner.finish() if self.runner.done else None
             except (OutOfMemory, *DETERMINISTIC) as err:
                 self.failure = failure_text(err)
         if self.failure is not None:  # a result, not an exception: Tune must not retry what fails again
             self.watchdog.idle()
-            return {"done": True, "error": self.failure, "score": float("nan")}
+            return {"done": True, "error": self.failure, "score": float("nan"), **self._lane_configs()}
+        if self.lanes is not None:
+            return self._lane_step(r)
         _maybe_crash(self.plan, r.chunk)
         _maybe_hold(r.chunk)
         self.last.update(resumed_after_chunk=self.runner.restored_chunks, checkpoints=self.checkpoints,

@@ -1,0 +1,282 @@
+"""Lane-level successive halving: a trial's kernel keeps its C x S shape for its whole life while
+each lane (one configuration, its S seeds) is judged at the study's rungs and refilled with a new
+configuration when it stops.
+
+Two sides, one round trip per chunk per trial:
+
+- :class:`LaneBroker` owns the lanes' Optuna trials (in the driver's process or, under Ray, an
+  actor on the driver's node: ``harness.search_phase``). Each lane's configuration is an Optuna
+  trial; at each rung (``min_steps * eta**r`` env steps per seed) its objective so far is reported
+  and Optuna's ``SuccessiveHalvingPruner`` decides, against every configuration of the study
+  that reached that rung, whether it goes on (asynchronous successive halving). A stopped,
+  finished or diverged configuration is told to Optuna, and its lane gets a new proposal with
+  the trial's static values.
+- :class:`LaneTrial` is the trial's side (inside its worker): after each chunk it asks the broker,
+  records the configurations that ended (with their own curves) and refills their lanes on the
+  device (``harness.kernel.TrialRunner.refill``).
+
+Why the successive-halving pruner: it is asynchronous successive halving itself (a configuration
+is promoted at a rung when it is in the top 1/eta of those that reached it), it needs no
+brackets (Hyperband runs several successive-halving brackets with different first rungs, which a
+fixed-width kernel would fill with the same lanes), and Optuna's Wilcoxon pruner compares
+configurations instance by instance as they are evaluated one after another, where here every
+seed of a lane trains at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+ETA = 3  # successive halving's reduction factor: rungs at 1/9, 1/3 and the whole budget
+ROUNDS = 3  # a trial whose lanes are refilled runs as long as ROUNDS trials without refills
+
+
+def rungs(min_steps: int, budget_steps: int, eta: int = ETA) -> list[int]:
+    """The env steps per seed where a configuration is judged: ``min_steps * eta**r`` below the budget."""
+    out, step = [], max(1, min_steps)
+    while step < budget_steps:
+        out.append(step)
+        step *= eta
+    return out
+
+
+@dataclass
+class Lane:
+    """The configuration a lane trains now: its Optuna trial and where it started."""
+
+    number: int  # its Optuna trial number (its keys derive from it)
+    params: dict[str, Any]  # the searched values
+    hparams: dict[str, float]  # the traced hyperparameters the kernel gets
+    start: int  # the trial's chunk (0-based) where it started
+    judged: int = 0  # rungs it has passed
+
+
+class LaneBroker:
+    """The Optuna side: reports lanes at their rungs, asks the pruner, tells ended configurations,
+    proposes new ones with a trial's static values. One call per chunk per trial (:meth:`step`);
+    answers are kept per (trial, chunk), so a trial that replays chunks after a restart gets
+    the same answers (and the same new configurations) again."""
+
+    def __init__(self, study: Any, storage: str, *, static_names: list[str],
+                 hparams: Callable[[dict[str, Any]], dict[str, float]], min_steps: int, eta: int = ETA,
+                 sampler: str = "tpe") -> None:
+        import optuna
+
+        from harness.search import open_study
+
+        self.study, self.static_names, self.hparams = study, static_names, hparams
+        self.min_steps, self.eta = min_steps, eta
+        self.pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, min_steps), reduction_factor=eta,
+                                                             min_early_stopping_rate=0)
+        # its own sampler stream: the driver's searcher asks the same study for the trials' first lanes
+        self.ostudy = open_study(study, storage, sampler=sampler, pruner=self.pruner, stream=1)
+        self.answers: dict[tuple[int, int], dict[str, Any]] = {}
+        self._trials: dict[int, Any] = {}
+
+    def ping(self) -> bool:
+        return True
+
+    def _trial(self, number: int) -> Any:
+        import optuna
+
+        if number not in self._trials:
+            frozen = self.ostudy.get_trials(deepcopy=False)
+            self._trials.update({t.number: optuna.trial.Trial(self.ostudy, t._trial_id) for t in frozen
+                                 if t.number not in self._trials})
+        return self._trials[number]
+
+    def step(self, trial: int, chunk: int, static: dict[str, Any], lanes: list[dict[str, Any]],
+             refill: bool) -> dict[str, Any]:
+        """After the trial's ``chunk`` (1-based): ``lanes`` are its running lanes' reports
+        (:meth:`LaneTrial.reports`). Returns ``{"ended": {lane: {status, why, ...}},
+        "new": {lane: {number, params, hparams}}}``: the lanes whose configuration ended and
+        (when ``refill``) their new configurations."""
+        key = (trial, chunk)
+        if key not in self.answers:
+            self.answers[key] = self._step(trial, static, lanes, refill)
+        return self.answers[key]
+
+    def _step(self, trial: int, static: dict[str, Any], lanes: list[dict[str, Any]],
+              refill: bool) -> dict[str, Any]:
+        import optuna
+
+        from harness.search import CONFIG_ATTR, TRIAL_ATTR, suggest
+        from harness.stats import config_score
+
+        ended: dict[int, dict[str, Any]] = {}
+        for r in lanes:
+            t = self._trial(r["number"])
+            if r["diverged"]:
+                ended[r["lane"]] = {"status": "diverged", "why": "diverged"}
+                self.ostudy.tell(r["number"], state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            elif r["finished"]:
+                value = config_score(r["scores"], None, self.study.metric)
+                ended[r["lane"]] = {"status": "complete", "why": "trained its whole budget"}
+                if value is None:
+                    self.ostudy.tell(r["number"], state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+                else:
+                    self.ostudy.tell(r["number"], value, skip_if_finished=True)
+            elif r["last"]:  # the trial's budget ends before this configuration's does
+                ended[r["lane"]] = {"status": "pruned", "why": "cut short: the trial's budget ended"}
+                self.ostudy.tell(r["number"], state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+            elif r["rung"] is not None and r["value"] is not None:  # at a rung: report, and let Optuna judge
+                t.report(float(r["value"]), step=int(r["steps"]))
+                if t.should_prune():
+                    ended[r["lane"]] = {"status": "pruned", "rung": r["rung"],
+                                        "why": f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"}
+                    self.ostudy.tell(r["number"], state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+        new: dict[int, dict[str, Any]] = {}
+        if refill:
+            for lane in ended:
+                self.ostudy.enqueue_trial(static)
+                t = self.ostudy.ask()
+                point = suggest(t, self.study.space)
+                t.set_user_attr(TRIAL_ATTR, trial)
+                t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
+                t.set_user_attr("lane", lane)
+                self._trials[t.number] = t
+                new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
+        return {"ended": ended, "new": new}
+
+
+@dataclass
+class LaneTrial:
+    """A trial's lanes, on the trial's side: which configuration each lane trains, the ones that
+    ended (their records), and the round trip to the broker after each chunk.
+
+    ``call(trial, chunk, static, reports, refill)`` reaches :meth:`LaneBroker.step` (directly, or
+    through a Ray actor)."""
+
+    trial: int
+    static: dict[str, Any]
+    rungs: list[int]
+    lanes: list[Lane]
+    ended: list[dict[str, Any]] = field(default_factory=list)
+    _evaluated: dict[int, tuple[list, list]] = field(default_factory=dict)  # this chunk's finished lanes
+
+    @classmethod
+    def start(cls, plan: Any, budget_steps: int) -> LaneTrial:
+        """The lanes of ``plan`` (its ``lanes`` entry: ``static``, the static values as Optuna
+        holds them; ``params``, each configuration's searched values; ``min_steps`` and ``eta``)."""
+        spec = plan.lanes
+        steps = rungs(int(spec["min_steps"]), budget_steps, int(spec.get("eta", ETA)))
+        first = zip(plan.config_keys, spec["params"], plan.hparams, strict=True)
+        return cls(plan.trial, spec["static"], steps, [Lane(n, p, h, 0) for n, p, h in first])
+
+    def after_chunk(self, runner: Any, call: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+        """Judges the lanes after the chunk the runner just ran, records those that ended and
+        refills them (while the trial has chunks left for a new configuration to reach its first
+        rung). Returns the broker's answer."""
+        last = runner.done
+        chunk = len(runner.curves)
+        per_chunk = runner.config.env_steps_after(1)
+        first_rung_chunks = -(-self.rungs[0] // per_chunk) if self.rungs else runner.config.num_chunks
+        refill = runner.total_chunks - chunk >= first_rung_chunks
+        reports = self.reports(runner, last)
+        answer = call(self.trial, chunk, self.static, reports, refill)
+        ended = {int(k): v for k, v in answer["ended"].items()}
+        for lane, why in sorted(ended.items()):
+            self.ended.append(self._record(runner, lane, why))
+        new = {int(k): v for k, v in answer["new"].items()}
+        if new:
+            lanes = sorted(new)
+            runner.refill(lanes, [new[c]["hparams"] for c in lanes], [new[c]["number"] for c in lanes])
+            for c in lanes:
+                self.lanes[c] = Lane(new[c]["number"], new[c]["params"], new[c]["hparams"], chunk)
+        for c in ended:
+            if c not in new:
+                self.lanes[c] = None  # type: ignore[call-overload]  # idle until the trial ends
+        return answer
+
+    def reports(self, runner: Any, last: bool) -> list[dict[str, Any]]:
+        """Each running lane's state after the chunk just run, for :meth:`LaneBroker.step`."""
+        r = runner.curves[-1]
+        finished = [c for c, lane in enumerate(self.lanes) if lane is not None
+                    and runner.lane_chunks(c) >= runner.config.num_chunks and not r.diverged[c].any()]
+        self._evaluated = {}
+        if finished:
+            s, f, _ = runner.lane_results(finished)
+            self._evaluated = {c: (_floats(s[j]), _floats(f[j])) for j, c in enumerate(finished)}
+        out = []
+        for c, lane in enumerate(self.lanes):
+            if lane is None:
+                continue
+            steps = int(r.lane_steps[c])
+            rung = None
+            if lane.judged < len(self.rungs) and steps >= self.rungs[lane.judged]:
+                rung = lane.judged
+                lane.judged += 1
+            value = None
+            if rung is not None:
+                from harness.stats import config_score
+
+                value = config_score([None if not np.isfinite(v) else float(v)
+                                      for v in runner.lane_objective([c])[0]])
+            out.append({"lane": c, "number": lane.number, "steps": steps, "rung": rung, "value": value,
+                        "diverged": bool(r.diverged[c].any()), "finished": c in finished, "last": last,
+                        "scores": self._evaluated[c][0] if c in self._evaluated else None})
+        return out
+
+    def _record(self, runner: Any, lane: int, ended: dict[str, Any]) -> dict[str, Any]:
+        """An ended configuration as the trial's record holds it: its values, why and when it
+        stopped, its scores (complete ones) and its own learning curve."""
+        conf = self.lanes[lane]
+        curve = runner.curves[conf.start:]
+        scores = final = None
+        diverged = [bool(d) for d in curve[-1].diverged[lane]]
+        if ended["status"] == "complete":
+            scores, final = self._evaluated[lane]
+        last_value = None
+        if ended["status"] == "pruned":
+            from harness.stats import config_score
+
+            last_value = config_score(_floats(runner.lane_objective([lane])[0]))
+        return {"lane": lane, "optuna_number": conf.number, "params": conf.params, "hparams": conf.hparams,
+                "status": ended["status"], "stopped": ended["why"], "pruned": ended["status"] == "pruned",
+                "started_chunk": conf.start, "env_steps": int(curve[-1].lane_steps[lane]),
+                "scores": scores, "final_returns": final, "diverged": diverged, "last_value": last_value,
+                "curve": [{"env_steps": int(r.lane_steps[lane]), "returns": _floats(r.returns[lane]),
+                           "evals": _floats(r.evals[lane])} for r in curve]}
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every configuration that ended, in the order they ended, indexed for the trial's record."""
+        return [{"index": i, **rec} for i, rec in enumerate(self.ended)]
+
+    def state(self) -> str:
+        """This object as JSON, saved with the trial's kernel checkpoint."""
+        return json.dumps({"trial": self.trial, "static": self.static, "rungs": self.rungs,
+                           "lanes": [asdict(lane) if lane else None for lane in self.lanes], "ended": self.ended})
+
+    @classmethod
+    def from_state(cls, text: str) -> LaneTrial:
+        d = json.loads(text)
+        return cls(d["trial"], d["static"], d["rungs"], [Lane(**x) if x else None for x in d["lanes"]],  # type: ignore[misc]
+                   d["ended"])
+
+
+def _floats(row: Any) -> list[float | None]:
+    return [None if not np.isfinite(float(x)) else float(x) for x in np.asarray(row, float)]
+
+
+_LOCAL: dict[str, LaneBroker] = {}  # brokers living in this process (a study run without Ray actors, tests)
+
+
+def serve_locally(name: str, broker: LaneBroker) -> None:
+    """Makes ``broker`` the one :func:`broker_call` finds by ``name`` in this process."""
+    _LOCAL[name] = broker
+
+
+def broker_call(name: str) -> Callable[..., dict[str, Any]]:
+    """:meth:`LaneBroker.step` of the broker named ``name``: in this process, else the Ray actor
+    of that name (one round trip per call)."""
+    if name in _LOCAL:
+        return _LOCAL[name].step
+    import ray
+
+    actor = ray.get_actor(name)
+    return lambda *args: ray.get(actor.step.remote(*args))
