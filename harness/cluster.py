@@ -369,9 +369,10 @@ def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any
 
     say = say or progress_say
     place = dataclasses.replace(place, device={**place.device, **settings.checkpoint})
-    if place.kind == "cpu" and not settings.address and budget.trials < place.slots:
-        share = place.slots // budget.trials  # fewer trials than cores: each compiles and runs on several
-        place = dataclasses.replace(place, resources={**place.resources, "cpu": share}, slots=budget.trials,
+    trials = settings.tune_trials(budget)
+    if place.kind == "cpu" and not settings.address and trials < place.slots:
+        share = place.slots // trials  # fewer trials than cores: each compiles and runs on several
+        place = dataclasses.replace(place, resources={**place.resources, "cpu": share}, slots=trials,
                                     device={**place.device, "cpus": share})
     if place.kind == "cpu" and settings.device_bytes is None:
         return place

@@ -53,6 +53,7 @@ class Lane:
     params: dict[str, Any]  # the searched values
     hparams: dict[str, float]  # the traced hyperparameters the kernel gets
     start: int  # the trial's chunk (0-based) where it started
+    index: int  # its index in the trial's record: configurations in the order they started
     judged: int = 0  # rungs it has passed
 
 
@@ -157,6 +158,7 @@ class LaneTrial:
     rungs: list[int]
     lanes: list[Lane]
     ended: list[dict[str, Any]] = field(default_factory=list)
+    started: int = 0  # configurations started in this trial so far
     _evaluated: dict[int, tuple[list, list]] = field(default_factory=dict)  # this chunk's finished lanes
 
     @classmethod
@@ -166,7 +168,8 @@ class LaneTrial:
         spec = plan.lanes
         steps = rungs(int(spec["min_steps"]), budget_steps, int(spec.get("eta", ETA)))
         first = zip(plan.config_keys, spec["params"], plan.hparams, strict=True)
-        return cls(plan.trial, spec["static"], steps, [Lane(n, p, h, 0) for n, p, h in first])
+        lanes = [Lane(n, p, h, 0, i) for i, (n, p, h) in enumerate(first)]
+        return cls(plan.trial, spec["static"], steps, lanes, started=len(lanes))
 
     def after_chunk(self, runner: Any, call: Callable[..., dict[str, Any]]) -> dict[str, Any]:
         """Judges the lanes after the chunk the runner just ran, records those that ended and
@@ -187,7 +190,8 @@ class LaneTrial:
             lanes = sorted(new)
             runner.refill(lanes, [new[c]["hparams"] for c in lanes], [new[c]["number"] for c in lanes])
             for c in lanes:
-                self.lanes[c] = Lane(new[c]["number"], new[c]["params"], new[c]["hparams"], chunk)
+                self.lanes[c] = Lane(new[c]["number"], new[c]["params"], new[c]["hparams"], chunk, self.started)
+                self.started += 1
         for c in ended:
             if c not in new:
                 self.lanes[c] = None  # type: ignore[call-overload]  # idle until the trial ends
@@ -236,7 +240,8 @@ class LaneTrial:
             from harness.stats import config_score
 
             last_value = config_score(_floats(runner.lane_objective([lane])[0]))
-        return {"lane": lane, "optuna_number": conf.number, "params": conf.params, "hparams": conf.hparams,
+        return {"index": conf.index, "lane": lane, "optuna_number": conf.number, "params": conf.params,
+                "hparams": conf.hparams,
                 "status": ended["status"], "stopped": ended["why"], "pruned": ended["status"] == "pruned",
                 "started_chunk": conf.start, "env_steps": int(curve[-1].lane_steps[lane]),
                 "scores": scores, "final_returns": final, "diverged": diverged, "last_value": last_value,
@@ -244,19 +249,20 @@ class LaneTrial:
                            "evals": _floats(r.evals[lane])} for r in curve]}
 
     def records(self) -> list[dict[str, Any]]:
-        """Every configuration that ended, in the order they ended, indexed for the trial's record."""
-        return [{"index": i, **rec} for i, rec in enumerate(self.ended)]
+        """Every configuration that ended, in the order they started."""
+        return sorted(self.ended, key=lambda rec: rec["index"])
 
     def state(self) -> str:
         """This object as JSON, saved with the trial's kernel checkpoint."""
         return json.dumps({"trial": self.trial, "static": self.static, "rungs": self.rungs,
-                           "lanes": [asdict(lane) if lane else None for lane in self.lanes], "ended": self.ended})
+                           "lanes": [asdict(lane) if lane else None for lane in self.lanes], "ended": self.ended,
+                           "started": self.started})
 
     @classmethod
     def from_state(cls, text: str) -> LaneTrial:
         d = json.loads(text)
         return cls(d["trial"], d["static"], d["rungs"], [Lane(**x) if x else None for x in d["lanes"]],  # type: ignore[misc]
-                   d["ended"])
+                   d["ended"], d["started"])
 
 
 def _floats(row: Any) -> list[float | None]:

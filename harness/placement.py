@@ -123,6 +123,7 @@ def measure_kernel(plan: Any, width: int) -> KernelMemory:
     import dataclasses
 
     import jax
+    import numpy as np
 
     from harness.kernel import _compiled, _stack_hparams, build_config, keys_for
 
@@ -140,7 +141,7 @@ def measure_kernel(plan: Any, width: int) -> KernelMemory:
 
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
     peaks = [peak(init.lower(train_keys, hp).compile())[1] + state_bytes,
-             peak(chunk.lower(state, hp, eval_keys, 0).compile())[1],
+             peak(chunk.lower(state, hp, eval_keys, np.zeros(width, np.int32)).compile())[1],
              peak(evaluate.lower(state, eval_keys).compile())[1]]
     return KernelMemory(width, state_bytes, max(peaks))
 

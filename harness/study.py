@@ -176,6 +176,14 @@ def header(settings: Settings, budget: Budget, place: Placement, folder: Results
            f"objective: {describe_objective(s.objective, s.threshold, s.config.get('eval_policy', 'greedy'))}; "
            f"{s.metric} over seeds, {s.direction}d",
            f"results: {folder}"]
+    if settings.scheduler == "lanes":
+        from harness.lanes import ETA, rungs
+
+        steps = ", ".join(f"{x:,}" for x in rungs(max(1, budget.timesteps // ETA**2), budget.timesteps))
+        n, rounds = settings.tune_trials(budget), settings.lane_rounds(budget)
+        out.insert(1, f"scheduler: lanes: {n} trial{'s' * (n != 1)}, each as long as {rounds}, "
+                      f"its {budget.configs_per_trial} lanes refilled with new configurations; each configuration "
+                      f"judged at {steps} env steps (successive halving: the top 1/{ETA} go on)")
     if dashboard:
         out.append(f"Ray dashboard: {dashboard} (token: `ray get-auth-token`; trials are the actors named "
                    f"{s.name}_trial)")
