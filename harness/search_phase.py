@@ -104,7 +104,7 @@ def plan_factory(settings: Settings, budget: Budget,
         if lanes:
             from harness.kernel import build_config
 
-            chunks = build_config(settings.study.algo, config).num_chunks * settings.lane_rounds(budget)
+            chunks = round(build_config(settings.study.algo, config).num_chunks * settings.lane_rounds(budget))
         return settings.plan(config, hparams, seeds=budget.seeds, trial=trial, pbt=pbt, lanes=lanes, chunks=chunks)
     return make
 

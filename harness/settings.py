@@ -86,12 +86,16 @@ class Settings:
     def tune_trials(self, budget: Budget) -> int:
         """Ray Tune trials the search runs: the budget's, or with ``lanes`` one per
         :data:`harness.lanes.ROUNDS` of them (each as long as that many, its lanes refilled)."""
-        return -(-budget.trials // self.lane_rounds(budget)) if self.scheduler == "lanes" else budget.trials
-
-    def lane_rounds(self, budget: Budget) -> int:
         from harness.lanes import ROUNDS
 
-        return min(ROUNDS, budget.trials)
+        return -(-budget.trials // ROUNDS) if self.scheduler == "lanes" else budget.trials
+
+    def lane_rounds(self, budget: Budget) -> float:
+        """How many trials' worth of chunks one lane trial runs: the budget's trials over
+        :meth:`tune_trials` (so the lane trials together train the budget's env steps)."""
+        from harness.lanes import ROUNDS
+
+        return budget.trials / -(-budget.trials // ROUNDS)
 
     def lanes(self, budget: Budget, broker: str) -> dict[str, Any] | None:
         """A search plan's ``lanes`` entry (``scheduler == "lanes"``), or None: rungs from 1/eta**2

@@ -181,7 +181,7 @@ def header(settings: Settings, budget: Budget, place: Placement, folder: Results
 
         steps = ", ".join(f"{x:,}" for x in rungs(max(1, budget.timesteps // ETA**2), budget.timesteps))
         n, rounds = settings.tune_trials(budget), settings.lane_rounds(budget)
-        out.insert(1, f"scheduler: lanes: {n} trial{'s' * (n != 1)}, each as long as {rounds}, "
+        out.insert(1, f"scheduler: lanes: {n} trial{'s' * (n != 1)}, each as long as {rounds:.3g}, "
                       f"its {budget.configs_per_trial} lanes refilled with new configurations; each configuration "
                       f"judged at {steps} env steps (successive halving: the top 1/{ETA} go on)")
     if dashboard:

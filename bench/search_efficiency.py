@@ -1,0 +1,158 @@
+"""How many configurations a study evaluates for its env steps, and how good its answer is:
+lane-level successive halving against today's trial-level ASHA and TPE without early stopping.
+
+    python bench/search_efficiency.py [--envs cartpole,dungeon,acrobot] [--study-seeds 3] [--tiny]
+
+For each env and study seed, three studies through ``python -m harness.study`` (embedded Ray,
+``--top-k 1 --no-ablation``: the best configuration is re-trained on the study's fresh seeds):
+
+- ``tpe``: ``--scheduler none``, N trials of C configurations, every one trained to the end;
+- ``trial``: ``--scheduler asha``, Tune's ASHA stopping the worse half of the trials halfway;
+- ``lane``: ``--scheduler lanes``, each configuration judged at 1/9 and 1/3 of its budget inside
+  the kernel by Optuna's successive-halving pruner, stopped lanes refilled. Its trial count is set
+  after ``trial``'s run so both train the same env steps (within one chunk per lane trial).
+
+Per method: configurations evaluated (every one that trained to its first judgement or further),
+env steps trained (every lane of every kernel, all seeds), the best configuration's score
+re-evaluated on fresh seeds (as a margin above random play where the env has a reference:
+CartPole 22, the dungeon -0.86, Acrobot -500), wall time. Means over study seeds, spread in
+brackets. The closing lines per env:
+
+    ratio configs lane/trial <env>: X   (configurations per env step, lane over trial)
+    ratio best lane/trial <env>: Y      (best re-evaluated margin, lane over trial)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import _common  # noqa: F401  (XLA flag before JAX starts)
+import numpy as np
+
+# env: (env id, study whose config and objective it takes, or its own), budget, random play's score
+ENVS: dict[str, dict[str, Any]] = {
+    "cartpole": dict(study="cartpole_ppo", reference=22.0,
+                     full=dict(trials=6, configs=4, seeds=2, timesteps=100_000),
+                     tiny=dict(trials=2, configs=2, seeds=1, timesteps=20_480)),
+    "dungeon": dict(study="dungeon_ppo", reference=-0.86,
+                    full=dict(trials=6, configs=4, seeds=2, timesteps=160_000),
+                    tiny=dict(trials=2, configs=2, seeds=1, timesteps=40_960)),
+    "acrobot": dict(env="gymnax:Acrobot-v1", reference=-500.0, objective="final",
+                    config=dict(num_envs=16, num_steps=128, num_minibatches=4, update_epochs=4, updates_per_chunk=5),
+                    full=dict(trials=6, configs=4, seeds=2, timesteps=100_000),
+                    tiny=dict(trials=2, configs=2, seeds=1, timesteps=20_480)),
+}
+METHODS = {"tpe": "none", "trial": "asha", "lane": "lanes"}
+
+
+def study_file(folder: Path, env: str, seed: int) -> Path:
+    """A study module for ``env`` with study seed ``seed``: the registered study's env, config,
+    space and objective (or the entry's own), top-1 re-training on its fresh seeds."""
+    import studies
+
+    spec = ENVS[env]
+    if "study" in spec:
+        base = studies.get(spec["study"])
+        env_id, config, objective = base.env, base.config, base.objective
+        final_seeds = base.final_seeds
+    else:
+        env_id, config, objective, final_seeds = spec["env"], spec["config"], spec["objective"], 8
+    path = folder / f"eff_{env}_{seed}.py"
+    path.write_text(textwrap.dedent(f"""
+        from harness.space import Budget, Study, Uniform
+        from studies._spaces import PPO
+
+        _B = Budget(trials=1, configs_per_trial=2, seeds=1, timesteps=20_480)
+        STUDY = Study(name="eff_{env}_{seed}", description="search efficiency benchmark", env={env_id!r},
+                      algo="ppo", config={config!r}, space=dict(**PPO, vf_coef=Uniform(0.25, 1.0)),
+                      objective={objective!r}, seed={seed}, top_k=1, final_seeds={final_seeds},
+                      cpu=_B, gpu=_B, smoke=_B)
+    """))
+    return path
+
+
+def run_study(path: Path, out: Path, method: str, budget: dict[str, int]) -> dict[str, Any]:
+    """One study: configurations evaluated, env steps trained, best re-evaluated score, wall time."""
+    from harness.folder import ResultsFolder
+    from harness.stats import config_score
+
+    cmd = [sys.executable, "-m", "harness.study", str(path), "--scheduler", METHODS[method],
+           "--trials", str(budget["trials"]), "--configs-per-trial", str(budget["configs"]),
+           "--seeds", str(budget["seeds"]), "--timesteps", str(budget["timesteps"]),
+           "--no-ablation", "--out", str(out)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    folder = ResultsFolder(out / path.stem)
+    records = folder.trials()
+    steps = sum(rec["env_steps"] * budget["configs"] * rec["seeds"] for rec in records)
+    evaluated = sum(1 for rec in records for c in rec["configs"] if c.get("status", rec["status"]) != "failed")
+    final = json.loads((folder.root / "final.json").read_text())
+    best = max((v for c in final["configs"] if (v := config_score(c["scores"], c["diverged"])) is not None),
+               default=float("nan"))
+    return dict(configs=evaluated, env_steps=steps, best=best, wall_s=wall)
+
+
+def matched_trials(trial_steps: int, budget: dict[str, int]) -> int:
+    """The --trials that gives a lane study ``trial_steps`` env steps (all lanes busy to the end)."""
+    per_trial = budget["configs"] * budget["seeds"] * budget["timesteps"]
+    return max(1, round(trial_steps / per_trial))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--envs", default="cartpole,dungeon,acrobot")
+    p.add_argument("--study-seeds", type=int, default=3)
+    p.add_argument("--tiny", action="store_true", help="a tiny budget (the test suite's run)")
+    args = p.parse_args()
+    names = [e for e in args.envs.split(",") if e]
+    unknown = sorted(set(names) - set(ENVS))
+    if unknown:
+        raise SystemExit(f"unknown env {', '.join(unknown)}; choose from {', '.join(ENVS)}")
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with tempfile.TemporaryDirectory(prefix="search-efficiency-") as tmp:
+        for env in names:
+            budget = ENVS[env]["tiny" if args.tiny else "full"]
+            rows[env] = {m: [] for m in METHODS}
+            for seed in range(args.study_seeds):
+                path = study_file(Path(tmp), env, seed)
+                for method in METHODS:
+                    b = dict(budget)
+                    if method == "lane":
+                        b["trials"] = matched_trials(rows[env]["trial"][-1]["env_steps"], budget)
+                    r = run_study(path, Path(tmp) / f"{method}-{seed}", method, b)
+                    rows[env][method].append(r)
+                    print(env, seed, method, json.dumps(r), flush=True)
+    print()
+    for env in names:
+        ref = ENVS[env]["reference"]
+        print(f"{env}: {ENVS[env]['tiny' if args.tiny else 'full']}, {args.study_seeds} study seeds; "
+              f"best = re-evaluated score on fresh seeds minus random play's ({ref:g})")
+        print(f"  {'method':7} {'configs':>16} {'env steps':>12} {'configs/M steps':>16} {'best margin':>22} "
+              f"{'wall_s':>7}")
+        stats = {}
+        for method, rs in rows[env].items():
+            configs = np.array([r["configs"] for r in rs], float)
+            steps = np.array([r["env_steps"] for r in rs], float)
+            margin = np.array([r["best"] - ref for r in rs], float)
+            per = configs / steps * 1e6
+            stats[method] = (per.mean(), np.nanmean(margin))
+            print(f"  {method:7} {configs.mean():>7.1f} [{configs.min():.0f}..{configs.max():.0f}] "
+                  f"{steps.mean():>12,.0f} {per.mean():>16.2f} {np.nanmean(margin):>10.2f} "
+                  f"[{np.nanmin(margin):.2f}..{np.nanmax(margin):.2f}] {np.mean([r['wall_s'] for r in rs]):>7.1f}")
+        print(f"ratio configs lane/trial {env}: {stats['lane'][0] / stats['trial'][0]:.2f}")
+        print(f"ratio best lane/trial {env}: {stats['lane'][1] / stats['trial'][1]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
