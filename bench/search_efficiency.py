@@ -46,7 +46,8 @@ ENVS: dict[str, dict[str, Any]] = {
                     full=dict(trials=6, configs=4, seeds=2, timesteps=160_000),
                     tiny=dict(trials=2, configs=2, seeds=1, timesteps=40_960)),
     "acrobot": dict(env="gymnax:Acrobot-v1", reference=-500.0, objective="final",
-                    config=dict(num_envs=16, num_steps=128, num_minibatches=4, update_epochs=4, updates_per_chunk=5),
+                    config=dict(num_envs=16, num_steps=128, num_minibatches=4, update_epochs=4,
+                                updates_per_chunk=5),
                     full=dict(trials=6, configs=4, seeds=2, timesteps=100_000),
                     tiny=dict(trials=2, configs=2, seeds=1, timesteps=20_480)),
 }

@@ -92,3 +92,117 @@ def test_refill__is_refused_where_lanes_cannot_be_refilled():
         TrialRunner(dataclasses.replace(BASE, config_keys=None))
     with pytest.raises(ValueError, match="refill"):
         TrialRunner(dataclasses.replace(BASE, chunks=None)).refill([0], [HP[3]], [13])
+
+
+# ---- the broker: Optuna's successive-halving pruner decides, stopped lanes get new proposals ----
+
+def _broker(tmp_path, min_steps=100):
+    import studies
+    from harness.lanes import LaneBroker
+    from harness.search import open_study
+    from tests.driver import settings_for
+
+    settings = settings_for(studies.get("cartpole_ppo"), tmp_path, scheduler="lanes")
+    driver_side = open_study(settings.study, settings.storage)
+    broker = LaneBroker(settings.study, settings.storage, static_names=settings.static_names,
+                        hparams=settings.hparams, min_steps=min_steps)
+    return settings, driver_side, broker
+
+
+def _at(lane, number, steps, value, **kw):
+    return {"lane": lane, "number": number, "steps": steps, "rung": 0, "value": value, "diverged": False,
+            "finished": False, "last": False, "scores": None, **kw}
+
+
+def test_broker__promotes_the_top_third_at_a_rung_and_refills_the_others_with_the_trials_static_values(tmp_path):
+    import optuna
+
+    settings, ostudy, broker = _broker(tmp_path)
+    first = [ostudy.ask() for _ in range(6)]
+    static = {"num_minibatches": "8"}  # as Optuna holds a categorical choice: its label
+    # values reach rung 0 (100 steps) one after another: asynchronous successive halving keeps a
+    # configuration while it is in the top 1/3 of those judged there so far (the best, for the first two)
+    values = [10.0, 5.0, 20.0, 1.0, 30.0, 2.0]
+    stopped, answers = [], []
+    for i, (t, v) in enumerate(zip(first, values, strict=True)):
+        answer = broker.step(0, i + 1, static, [_at(i % 2, t.number, 128, v)], True)
+        answers.append(answer)
+        if answer["ended"]:
+            stopped.append(v)
+            assert answer["ended"][i % 2]["why"] == "stopped at rung 1 (128 env steps)"
+            new = answer["new"][i % 2]
+            assert new["params"]["num_minibatches"] == 8 and new["number"] > first[-1].number
+            assert new["hparams"] == settings.hparams(new["params"])
+            assert set(new["params"]) == set(settings.study.space)
+        else:
+            assert answer["new"] == {}
+    assert stopped == [5.0, 1.0, 2.0]
+    states = {t.number: t.state for t in ostudy.get_trials()}
+    assert [states[t.number] == optuna.trial.TrialState.PRUNED for t in first] == [False, True, False, True,
+                                                                                    False, True]
+    # the same (trial, chunk) again (a trial replaying chunks after a restart): the same answer, no new asks
+    trials_before = len(ostudy.get_trials())
+    again = broker.step(0, 2, static, [_at(1, first[1].number, 128, 5.0)], True)
+    assert again == answers[1] and len(ostudy.get_trials()) == trials_before
+
+
+def test_broker__tells_finished_diverged_and_cut_short_configurations_and_refills_only_when_asked(tmp_path):
+    import optuna
+
+    _, ostudy, broker = _broker(tmp_path)
+    a, b, c = (ostudy.ask() for _ in range(3))
+    answer = broker.step(1, 5, {"num_minibatches": "4"}, [
+        _at(0, a.number, 900, None, rung=None, finished=True, scores=[400.0, 420.0]),
+        _at(1, b.number, 900, None, rung=None, diverged=True),
+        _at(2, c.number, 300, None, rung=None)], True)
+    assert {k: v["status"] for k, v in answer["ended"].items()} == {0: "complete", 1: "diverged"}
+    assert sorted(answer["new"]) == [0, 1]
+    last = broker.step(1, 6, {"num_minibatches": "4"}, [_at(2, c.number, 400, None, rung=None, last=True)], False)
+    assert last == {"ended": {2: {"status": "pruned", "why": "cut short: the trial's budget ended"}}, "new": {}}
+    by_number = {t.number: t for t in ostudy.get_trials()}
+    assert by_number[a.number].value == 410.0
+    assert by_number[b.number].state == optuna.trial.TrialState.FAIL
+    assert by_number[c.number].state == optuna.trial.TrialState.PRUNED
+
+
+# ---- one trial's lanes through the kernel and the broker, as a study's trial runs them ----------
+
+def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_train_alone(tmp_path):
+    import optuna
+
+    from harness.kernel import run_trial
+    from harness.lanes import LaneTrial
+    from harness.search_phase import plan_factory
+    from harness.space import Budget
+
+    settings, ostudy, broker = _broker(tmp_path, min_steps=256)
+    budget = Budget(trials=3, configs_per_trial=3, seeds=2, timesteps=2304)  # 9 chunks of 256 steps
+    first = [ostudy.ask() for _ in range(3)]
+    default = settings.control(budget.timesteps)[0]
+    points = [{**default, "lr": lr, "num_minibatches": 4} for lr in (3e-4, 1e-3, 3e-3)]
+    plan = plan_factory(settings, budget, "local")(points, 0)
+    config = {**plan.config, "num_envs": 4, "num_steps": 32, "update_epochs": 1, "updates_per_chunk": 2,
+              "hidden": [16, 16]}
+    plan = dataclasses.replace(plan, config=config, seeds=2, chunks=27, config_keys=[t.number for t in first],
+                               lanes={**plan.lanes, "static": {"num_minibatches": "4"}, "params": points})
+    runner = TrialRunner(plan)
+    lanes = LaneTrial.start(plan, runner.budget_steps)
+    assert lanes.rungs == [256, 768] and runner.total_chunks == 27
+    while not runner.done:
+        runner.chunk()
+        lanes.after_chunk(runner, broker.step)
+    records = lanes.records()
+    assert len(records) > 3 and [r["index"] for r in records] == list(range(len(records)))
+    states = {t.number: t.state.name for t in ostudy.get_trials()}
+    assert "RUNNING" not in states.values()  # every configuration that started was told
+    for r in records:
+        told = {"complete": "COMPLETE", "pruned": "PRUNED", "diverged": "FAIL"}[r["status"]]
+        assert states[r["optuna_number"]] == told
+        assert r["curve"][-1]["env_steps"] == r["env_steps"] and len(r["curve"]) == r["env_steps"] // 256
+        if r["status"] == "complete":
+            assert r["env_steps"] == runner.budget_steps
+    done = [r for r in records if r["status"] == "complete"][-1]
+    alone = run_trial(dataclasses.replace(plan, hparams=[done["hparams"]], config_keys=[done["optuna_number"]],
+                                          chunks=None, lanes=None))
+    np.testing.assert_allclose(alone.scores[0], done["scores"], rtol=1e-4)
+    assert optuna.trial.TrialState.PRUNED in {t.state for t in ostudy.get_trials()}
