@@ -62,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algo", default="ppo", help="ppo or sac (default ppo)")
     parser.add_argument("--env", default="CartPole-v1", help="a registered environment")
     parser.add_argument("--seeds", type=int, default=4, help="seeds trained in one kernel")
-    parser.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="base seed (default 0); with --config-key, the study's seed")
+    parser.add_argument("--config-key", type=int, metavar="N",
+                        help="the keys a study gives its configuration N (the Optuna number in configs.csv; a "
+                             "study with --scheduler lanes keys every configuration so): with that study's "
+                             "--seed, its values and --timesteps, the search's seeds and final evaluation again")
     parser.add_argument("--timesteps", type=int, help="env steps per seed (config default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a static config field or hyperparameter, e.g. lr=3e-4")
@@ -110,7 +115,13 @@ def _run(args: argparse.Namespace) -> int:
         return jax.tree.map(lambda x: x[None], spec.hparams_cls.default(**{**hp_kw, **overrides}))
 
     hp = stacked({})
-    keys = jax.random.split(jax.random.key(args.seed), args.seeds)[None]
+    if args.config_key is not None:  # as harness.kernel keys a configuration of a study (config_keys)
+        from harness.kernel import SEARCH, config_keys
+
+        keys, eval_keys = config_keys(args.seed, [args.config_key], SEARCH, args.seeds)
+    else:
+        keys = jax.random.split(jax.random.key(args.seed), args.seeds)[None]
+        eval_keys = jax.random.split(jax.random.key(args.seed + 1_000_003), args.seeds)[None]
     init = jax.jit(algos.batched(algo.init))
     run = jax.jit(algos.batched(algo.chunk))
     print(f"{spec.name} on {args.env}: {args.seeds} seeds x {config.total_timesteps:,} steps, "
@@ -131,7 +142,6 @@ def _run(args: argparse.Namespace) -> int:
         if i + 1 in schedule:
             hp = stacked(schedule[i + 1])
             print(f"  from chunk {i + 2}: {', '.join(f'{k}={v:.4g}' for k, v in schedule[i + 1].items())}")
-    eval_keys = jax.random.split(jax.random.key(args.seed + 1_000_003), args.seeds)[None]
     evals = jax.jit(algos.batched(algo.evaluate, hparams_argnum=None))(state, eval_keys)
     diverged = np.asarray(state.diverged)[0]
     for s, r in enumerate(np.asarray(evals.return_mean)[0]):

@@ -167,7 +167,7 @@ def test_broker__tells_finished_diverged_and_cut_short_configurations_and_refill
 
 # ---- one trial's lanes through the kernel and the broker, as a study's trial runs them ----------
 
-def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_train_alone(tmp_path):
+def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_train_alone(tmp_path, capsys):
     import optuna
 
     from harness.kernel import run_trial
@@ -205,4 +205,13 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
     alone = run_trial(dataclasses.replace(plan, hparams=[done["hparams"]], config_keys=[done["optuna_number"]],
                                           chunks=None, lanes=None))
     np.testing.assert_allclose(alone.scores[0], done["scores"], rtol=1e-4)
+    # and from the shell: harness.train with its values, the study's seed and its Optuna number
+    from harness import train
+
+    sets = [f"--set={k}={v}" for k, v in {**config, **done["hparams"]}.items() if k != "total_timesteps"]
+    sets = [s.replace("[16, 16]", "16,16") for s in sets]
+    assert train.main(["--seeds", "2", "--seed", str(plan.study_seed), "--timesteps", str(config["total_timesteps"]),
+                       "--config-key", str(done["optuna_number"]), *sets]) == 0
+    printed = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
+    np.testing.assert_allclose(printed, done["final_returns"], rtol=1e-4)
     assert optuna.trial.TrialState.PRUNED in {t.state for t in ostudy.get_trials()}
