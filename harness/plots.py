@@ -64,6 +64,14 @@ def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objecti
     column = "eval_return" if "eval_return" in curves and curves.eval_return.notna().any() else "episode_return"
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    if "stopped" in configs:  # lanes refilled (harness.lanes): where every stopped configuration ended
+        stopped = set(configs.config_id[configs.status == "pruned"])
+        means = curves[curves.config_id.isin(stopped)].groupby(["config_id", "env_steps"])[column].mean()
+        for i, (_, curve) in enumerate(means.groupby(level=0)):
+            steps = curve.index.get_level_values(1).to_numpy()
+            ax.plot(steps, curve.to_numpy(), color="grey", alpha=0.35, linewidth=0.8, zorder=1)
+            ax.scatter(steps[-1:], curve.to_numpy()[-1:], marker="x", color="grey", s=14, zorder=1,
+                       label="stopped early (x: where)" if i == 0 else None)
     for cid in ranked.config_id:
         c = curves[curves.config_id == cid].pivot_table(index="seed", columns="env_steps",
                                                        values=column, dropna=False)

@@ -210,8 +210,10 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
 
     sets = [f"--set={k}={v}" for k, v in {**config, **done["hparams"]}.items() if k != "total_timesteps"]
     sets = [s.replace("[16, 16]", "16,16") for s in sets]
-    assert train.main(["--seeds", "2", "--seed", str(plan.study_seed), "--timesteps", str(config["total_timesteps"]),
+    steps = str(config["total_timesteps"])
+    assert train.main(["--seeds", "2", "--seed", str(plan.study_seed), "--timesteps", steps,
                        "--config-key", str(done["optuna_number"]), *sets]) == 0
-    printed = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines() if line.startswith("seed ")]
+    out = capsys.readouterr().out.splitlines()
+    printed = [float(line.split()[-1]) for line in out if line.startswith("seed ")]
     np.testing.assert_allclose(printed, done["final_returns"], rtol=1e-4)
     assert optuna.trial.TrialState.PRUNED in {t.state for t in ostudy.get_trials()}
