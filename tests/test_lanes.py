@@ -201,6 +201,12 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
         assert r["curve"][-1]["env_steps"] == r["env_steps"] and len(r["curve"]) == r["env_steps"] // 256
         if r["status"] == "complete":
             assert r["env_steps"] == runner.budget_steps
+    # the trial trained again from its record alone (harness.lanes.replay): bit for bit
+    from harness.lanes import replay
+
+    again = replay(plan, records)
+    for r, x in zip(records, again, strict=True):
+        assert x == {k: r[k] for k in x}, r["optuna_number"]
     done = [r for r in records if r["status"] == "complete"][-1]
     alone = run_trial(dataclasses.replace(plan, hparams=[done["hparams"]], config_keys=[done["optuna_number"]],
                                           chunks=None, lanes=None))
