@@ -279,9 +279,9 @@ class BatchedOptunaSearcher(Searcher):
                 configs.append({"index": len(configs), "optuna_number": t.number, "params": p, "hparams": h,
                                 "status": "failed", "stopped": "its trial failed", "pruned": False,
                                 "scores": None, "final_returns": None, "diverged": None})
-        lanes = {k: v for k, v in plan.lanes.items() if k != "params"}
         record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
-                  "objective": plan.objective, "threshold": plan.threshold, "pbt": None, "lanes": lanes,
+                  "objective": plan.objective, "threshold": plan.threshold, "pbt": None, "lanes": plan.lanes,
+                  "plan": asdict(plan),  # its first lanes: with the configurations, harness.lanes.replay's input
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": [],
                   "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
                   **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error",

@@ -470,6 +470,44 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
 
 
 @pytest.mark.slow
+def test_study__lanes_through_ray_refill_judge_and_resume_bit_for_bit_after_a_killed_worker(tmp_path, ray_env):
+    # one lane trial as long as two (--trials 2), 2 lanes of 4-chunk configurations; its worker dies
+    # once after chunk 3 and goes on from its checkpoint after chunk 2: the broker (a Ray actor on
+    # the driver's node) answers the replayed chunk as it did, so the trial is as if never killed
+    env = {**ray_env, "RL_HARNESS_CRASH": f"0:1:{tmp_path}", "RL_HARNESS_CRASH_CHUNK": "3"}
+    r = _study("cartpole_ppo", "--scheduler", "lanes", "--trials", "2", "--configs-per-trial", "2", "--seeds", "2",
+               "--timesteps", "20480", "--checkpoint-every", "1chunk", *NO_FINAL, "--out", str(tmp_path / "a"),
+               env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "scheduler: lanes: 1 trial, each as long as 2, its 2 lanes refilled" in r.stdout
+    root = tmp_path / "a" / "cartpole_ppo"
+    (rec,) = ResultsFolder(root).trials()
+    assert rec["status"] == "complete" and rec["resumed_after_chunk"] == 2 and (tmp_path / "crash-0-0").exists()
+    configs = rec["configs"]
+    assert len(configs) > 2 and [c["index"] for c in configs] == list(range(len(configs)))
+    ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
+    states = {t.number: t.state.name for t in ostudy.trials}
+    assert sorted(states) == sorted(c["optuna_number"] for c in configs)  # every proposal ran and was told
+    for c in configs:
+        assert states[c["optuna_number"]] == {"complete": "COMPLETE", "pruned": "PRUNED"}[c["status"]]
+        assert c["stopped"] and c["curve"][-1]["env_steps"] == c["env_steps"]
+    table = pd.read_csv(root / "reports" / "configs.csv")
+    assert len(table) == len(configs) and set(table.status) <= {"complete", "pruned"} and "stopped" in table
+    assert "lanes refilled;" in r.stdout
+    # bit for bit: the trial trained again from its record, in a process on one core as its worker was
+    code = ("import json, sys; from harness.kernel import TrialPlan; from harness.lanes import replay\n"
+            "rec = json.load(open(sys.argv[1]))\n"
+            "print(json.dumps(replay(TrialPlan(**rec['plan']), rec['configs'])))")
+    core = min(os.sched_getaffinity(0))
+    (path,) = (root / "trials").glob("*.json")
+    again = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT,
+                           env=ray_env, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    assert again.returncode == 0, again.stderr[-3000:]
+    for c, x in zip(configs, json.loads(again.stdout.splitlines()[-1]), strict=True):
+        assert x == {k: c[k] for k in x}, c["optuna_number"]
+
+
+@pytest.mark.slow
 def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and_resumes(tmp_path, ray_env):
     if os.geteuid() != 0:
         pytest.skip("mounting a small results disk (tmpfs) needs root")
