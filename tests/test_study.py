@@ -306,7 +306,8 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
 
 
 @pytest.mark.slow
-def test_study__robot_study_smoke_runs(tmp_path, ray_env):
+@pytest.mark.extended  # 190 s, most of it compiling Ant: Brax through the kernel is tested by
+def test_study__robot_study_smoke_runs(tmp_path, ray_env):  # test_locomotion.py and test_render.py
     pytest.importorskip("brax")
     # the search only: the final phase's re-training (4 more Ant kernels, about 60 s here) is the
     # same code on every env, tested end to end by the cartpole smoke study above
