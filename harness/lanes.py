@@ -78,6 +78,8 @@ class LaneBroker:
         self.ostudy = open_study(study, storage, sampler=sampler, pruner=self.pruner, stream=1)
         self.answers: dict[tuple[int, int], dict[str, Any]] = {}
         self._trials: dict[int, Any] = {}
+        self._running: set[int] = set()  # Optuna trials this broker has seen running
+        self._asked: dict[tuple[int, int, int], int] | None = None  # (trial, chunk, lane) -> a refill asked before
 
     def ping(self) -> bool:
         return True
@@ -99,50 +101,89 @@ class LaneBroker:
         (when ``refill``) their new configurations."""
         key = (trial, chunk)
         if key not in self.answers:
-            self.answers[key] = self._step(trial, static, lanes, refill)
+            self.answers[key] = self._step(trial, chunk, static, lanes, refill)
         return self.answers[key]
 
-    def _step(self, trial: int, static: dict[str, Any], lanes: list[dict[str, Any]],
+    def _step(self, trial: int, chunk: int, static: dict[str, Any], lanes: list[dict[str, Any]],
               refill: bool) -> dict[str, Any]:
-        import optuna
-
         from harness.search import CONFIG_ATTR, TRIAL_ATTR, suggest
         from harness.stats import config_score
 
         ended: dict[int, dict[str, Any]] = {}
         for r in lanes:
             t = self._trial(r["number"])
+            told = self._told(t)
+            if told is not None:  # a broker before this one (its driver killed) told it: answer as it did
+                if r["steps"] >= told["at"]:
+                    ended[r["lane"]] = {"status": told["status"], "why": told["why"]}
+                continue
             if r["diverged"]:
-                ended[r["lane"]] = {"status": "diverged", "why": "diverged"}
-                self.ostudy.tell(r["number"], state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+                ended[r["lane"]] = self._stop(t, r, "diverged", "diverged")
             elif r["finished"]:
                 value = config_score(r["scores"], None, self.study.metric)
-                ended[r["lane"]] = {"status": "complete", "why": "trained its whole budget"}
-                if value is None:
-                    self.ostudy.tell(r["number"], state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-                else:
-                    self.ostudy.tell(r["number"], value, skip_if_finished=True)
+                ended[r["lane"]] = self._stop(t, r, "complete", "trained its whole budget", value)
             elif r["last"]:  # the trial's budget ends before this configuration's does
-                ended[r["lane"]] = {"status": "pruned", "why": "cut short: the trial's budget ended"}
-                self.ostudy.tell(r["number"], state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+                ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
             elif r["rung"] is not None and r["value"] is not None:  # at a rung: report, and let Optuna judge
                 t.report(float(r["value"]), step=int(r["steps"]))
                 if t.should_prune():
-                    ended[r["lane"]] = {"status": "pruned", "rung": r["rung"],
-                                        "why": f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"}
-                    self.ostudy.tell(r["number"], state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+                    why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
+                    ended[r["lane"]] = self._stop(t, r, "pruned", why)
         new: dict[int, dict[str, Any]] = {}
         if refill:
             for lane in ended:
-                self.ostudy.enqueue_trial(static)
-                t = self.ostudy.ask()
-                point = suggest(t, self.study.space)
-                t.set_user_attr(TRIAL_ATTR, trial)
-                t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
-                t.set_user_attr("lane", lane)
-                self._trials[t.number] = t
+                before = self._asked_before(trial, chunk, lane)
+                if before is not None:  # a killed driver's broker asked it: the same configuration again
+                    t = self._trial(before)
+                    point = suggest(t, self.study.space)  # its stored values (Optuna returns them as set)
+                else:
+                    self.ostudy.enqueue_trial(static)
+                    t = self.ostudy.ask()
+                    point = suggest(t, self.study.space)
+                    t.set_user_attr(TRIAL_ATTR, trial)
+                    t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
+                    t.set_user_attr("lane", lane)
+                    t.set_user_attr("after_chunk", chunk)
+                    self._trials[t.number] = t
                 new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
         return {"ended": ended, "new": new}
+
+    def _stop(self, t: Any, r: dict[str, Any], status: str, why: str,
+              value: float | None = None) -> dict[str, str]:
+        """Tells Optuna that the lane's configuration ended (and where and why, in its user attrs)."""
+        import optuna
+
+        t.set_user_attr("stopped", {"status": status, "why": why, "at": int(r["steps"])})
+        self._running.discard(t.number)
+        if status == "complete" and value is not None:
+            self.ostudy.tell(t.number, value, skip_if_finished=True)
+        else:
+            state = optuna.trial.TrialState.PRUNED if status == "pruned" else optuna.trial.TrialState.FAIL
+            self.ostudy.tell(t.number, state=state, skip_if_finished=True)
+        return {"status": status, "why": why}
+
+    def _told(self, t: Any) -> dict[str, Any] | None:
+        """How a broker before this one ended the configuration (status, why, at which env steps),
+        or None while it runs."""
+        import optuna
+
+        if t.number in self._running:  # seen running by this broker, which alone ends it
+            return None
+        frozen = self.ostudy._storage.get_trial(t._trial_id)
+        if frozen.state == optuna.trial.TrialState.RUNNING:
+            self._running.add(t.number)
+            return None
+        return frozen.user_attrs.get("stopped") or {"status": "diverged", "why": "told elsewhere", "at": 0}
+
+    def _asked_before(self, trial: int, chunk: int, lane: int) -> int | None:
+        """The refill a broker before this one asked for this (trial, chunk, lane), if any."""
+        if self._asked is None:  # once per broker: the refills its study holds
+            self._asked = {}
+            for t in self.ostudy.get_trials(deepcopy=False):
+                if "after_chunk" in t.user_attrs:
+                    attrs = t.user_attrs
+                    self._asked[(attrs["tune_trial"], attrs["after_chunk"], attrs["lane"])] = t.number
+        return self._asked.get((trial, chunk, lane))
 
 
 @dataclass

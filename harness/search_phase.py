@@ -59,7 +59,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         raise StudyError(f"cannot open Optuna storage {settings.storage!r}: {str(err).splitlines()[0]}") from None
     trials = settings.tune_trials(budget)
     adopt = adoptable(folder, ostudy, records)[:max(0, trials - len(records))]
-    stale = reconcile(ostudy, records, keep={n for e in adopt for n in e.optuna_numbers})
+    stale = reconcile(ostudy, records, keep=going_on(ostudy, adopt))
     if records or stale or adopt:
         say(resuming_line(len(records), stale, adopt))
     progress = Progress(trials, metric=settings.study.metric, maximize=settings.maximize, records=records)
@@ -153,6 +153,20 @@ def adoptable(folder: ResultsFolder, ostudy: Any, records: list[dict[str, Any]])
         else:
             out.append(entry)
     return out
+
+
+def going_on(ostudy: Any, adopt: list[InFlight]) -> set[int]:
+    """The Optuna trials the adopted trials go on with: their first configurations and, for lane
+    trials, every refill their lanes were given (user attr ``tune_trial``), which their broker
+    hands out again when they replay their chunks."""
+    import optuna
+
+    from harness.search import TRIAL_ATTR
+
+    trials = {e.trial for e in adopt}
+    refills = {t.number for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+               if t.user_attrs.get(TRIAL_ATTR) in trials and "after_chunk" in t.user_attrs}
+    return {n for e in adopt for n in e.optuna_numbers} | refills
 
 
 def resuming_line(recorded: int, stale: int, adopt: list[InFlight]) -> str:

@@ -175,7 +175,8 @@ def listening(pids: list[int]) -> list[tuple[int, str, int]]:
 # Every test that starts a Ray of its own runs in one group, one after another on one worker: two
 # Rays side by side on 2 cores would turn Ray's startup waits into races. The other worker takes the
 # learning tests and the rest meanwhile.
-RAY_BENCHES = {"pbt_search.py", "search_efficiency.py", "study_load.py", "study_throughput.py"}  # the benchmarks that start Ray
+# the benchmarks that start Ray
+RAY_BENCHES = {"pbt_search.py", "search_efficiency.py", "study_load.py", "study_throughput.py"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -144,6 +144,13 @@ def test_broker__promotes_the_top_third_at_a_rung_and_refills_the_others_with_th
     trials_before = len(ostudy.get_trials())
     again = broker.step(0, 2, static, [_at(1, first[1].number, 128, 5.0)], True)
     assert again == answers[1] and len(ostudy.get_trials()) == trials_before
+    # ... also from a new broker (its driver was killed and the study resumed): it reads what was told
+    # and asked from the study, and stops nothing early: a lane stopped at 128 steps still runs at 64
+    _, _, fresh = _broker(tmp_path)
+    assert fresh.step(0, 2, static, [_at(1, first[1].number, 128, 5.0)], True) == answers[1]
+    early = fresh.step(0, 1, static, [_at(0, first[1].number, 64, None, rung=None)], True)
+    assert early == {"ended": {}, "new": {}}
+    assert len(ostudy.get_trials()) == trials_before
 
 
 def test_broker__tells_finished_diverged_and_cut_short_configurations_and_refills_only_when_asked(tmp_path):
