@@ -313,9 +313,12 @@ def _floats(row: Any) -> list[float | None]:
 _LOCAL: dict[str, LaneBroker] = {}  # brokers living in this process (a study run without Ray actors, tests)
 
 
-def serve_locally(name: str, broker: LaneBroker) -> None:
-    """Makes ``broker`` the one :func:`broker_call` finds by ``name`` in this process."""
-    _LOCAL[name] = broker
+def serve_locally(name: str, broker: LaneBroker | None) -> None:
+    """Makes ``broker`` the one :func:`broker_call` finds by ``name`` in this process (None: no more)."""
+    if broker is None:
+        _LOCAL.pop(name, None)
+    else:
+        _LOCAL[name] = broker
 
 
 def broker_call(name: str) -> Callable[..., dict[str, Any]]:

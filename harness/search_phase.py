@@ -119,20 +119,31 @@ class BrokerHandle:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from harness.lanes import LaneBroker
+        from harness.lanes import LaneBroker, serve_locally
 
         self.name = f"rl-harness-lanes-{settings.study.name}-{uuid.uuid4().hex[:8]}"
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         spec = settings.lanes(budget, self.name) or {}
+        args = (settings.study, settings.storage)
+        kwargs = dict(static_names=settings.static_names, hparams=settings.hparams, min_steps=spec["min_steps"],
+                      eta=spec["eta"], sampler=settings.sampler)
+        self.actor = None
+        if not ray.is_initialized():  # no Ray here (trials run in this process): the broker too
+            serve_locally(self.name, LaneBroker(*args, **kwargs))
+            return
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.actor = ray.remote(num_cpus=0)(LaneBroker).options(name=self.name, scheduling_strategy=here).remote(
-            settings.study, settings.storage, static_names=settings.static_names, hparams=settings.hparams,
-            min_steps=spec["min_steps"], eta=spec["eta"], sampler=settings.sampler)
+            *args, **kwargs)
         ray.get(self.actor.ping.remote())  # started (its errors surface here, not in a trial)
 
     def stop(self) -> None:
         import ray
 
-        ray.kill(self.actor)
+        from harness.lanes import serve_locally
+
+        if self.actor is not None:
+            ray.kill(self.actor)
+        else:
+            serve_locally(self.name, None)
 
 
 def adoptable(folder: ResultsFolder, ostudy: Any, records: list[dict[str, Any]]) -> list[InFlight]:

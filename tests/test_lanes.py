@@ -5,8 +5,10 @@ neighbours are untouched, and a snapshot taken with lanes at different progress 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
+import optuna
 import pytest
 
 from harness.kernel import TrialPlan, TrialRunner, run_trial
@@ -230,3 +232,68 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
     printed = [float(line.split()[-1]) for line in out if line.startswith("seed ")]
     np.testing.assert_allclose(printed, done["final_returns"], rtol=1e-4)
     assert optuna.trial.TrialState.PRUNED in {t.state for t in ostudy.get_trials()}
+
+
+# ---- the driver's side: lane plans, the broker's life, records and reports ----------------------
+
+class _LaneTune:
+    """Stands in for ``harness.tuning.run`` for a lane study: each proposed trial reaches its broker
+    once (as a trial does after each chunk) and ends with its first configurations trained to the
+    end, configuration i scoring 10 * (trial + 1) + i on every seed."""
+
+    def __init__(self):
+        self.configs, self.calls = [], []
+
+    def __call__(self, settings, folder, placement, guard, *, kind, searcher=None, num_samples=1, **kwargs):
+        from harness.lanes import broker_call
+
+        self.calls.append(num_samples)
+        for n in range(num_samples):
+            config = searcher.suggest(f"lane{n}")
+            plan = config["plan"]
+            self.configs.append(config)
+            assert broker_call(plan["lanes"]["broker"])(plan["trial"], 1, plan["lanes"]["static"], [], True) == {
+                "ended": {}, "new": {}}
+            s = plan["seeds"]
+            lane_configs = [{"index": i, "lane": i, "optuna_number": number, "params": plan["lanes"]["params"][i],
+                             "hparams": plan["hparams"][i], "status": "complete",
+                             "stopped": "trained its whole budget",
+                             "pruned": False, "started_chunk": 0, "env_steps": 20480,
+                             "scores": [10.0 * (plan["trial"] + 1) + i] * s, "final_returns": [1.0] * s,
+                             "diverged": [False] * s, "last_value": None,
+                             "curve": [{"env_steps": 5120 * (k + 1), "returns": [1.0] * s, "evals": [2.0] * s}
+                                       for k in range(4)]}
+                            for i, number in enumerate(plan["config_keys"])]
+            searcher.on_trial_complete(f"lane{n}", {"final": True, "done": True, "env_steps": 61440,
+                                                    "lane_configs": json.dumps(lane_configs)})
+
+
+def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_path, monkeypatch, capsys):
+    import studies
+    from harness import lanes, report, search_phase, tuning
+    from harness.folder import ResultsFolder
+    from harness.guard import DiskGuard
+    from tests.driver import CPU, settings_for, small
+
+    study = small(studies.get("cartpole_ppo"), trials=3, timesteps=20480)
+    settings = settings_for(study, tmp_path, scheduler="lanes")
+    folder = ResultsFolder(tmp_path / study.name)
+    folder.write_meta(settings.meta(settings.budget("cpu"), None, "now"))
+    fake = _LaneTune()
+    monkeypatch.setattr(tuning, "run", fake)
+    outcome = search_phase.run(settings, folder, CPU, DiskGuard(folder, "resume"))
+    assert fake.calls == [1] and (outcome.done, outcome.total) == (1, 1)  # one trial as long as the budget's 3
+    plan = fake.configs[0]["plan"]
+    assert plan["config_keys"] == [0, 1] and plan["chunks"] == 12  # 3 x 4 chunks of 5,120 steps
+    assert plan["lanes"]["static"]["num_minibatches"] in ("4", "8") and plan["lanes"]["min_steps"] == 20480 // 9
+    assert lanes._LOCAL == {}  # the broker (served in this process: no Ray here) ended with the search
+    (rec,) = folder.trials()
+    assert rec["status"] == "complete" and rec["plan"]["config_keys"] == [0, 1]
+    told = optuna.load_study(study_name=study.name, storage=folder.optuna_url()).trials
+    assert [t.value for t in told] == [10, 11]
+    configs, seeds, curves = report.tables(folder)
+    assert list(configs.config_id) == ["t0000c1", "t0000c0"] and list(configs["rank"]) == [1, 2]
+    assert set(configs.stopped) == {"trained its whole budget"} and set(configs.env_steps) == {20480}
+    assert len(curves) == 2 * 4 * 2 and curves.env_steps.max() == 20480
+    assert "[1/1] trial 0: best of its 2 (its lanes refilled; 2 trained to the end, 0 stopped early)" in (
+        capsys.readouterr().out)
