@@ -393,8 +393,10 @@ def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any
         return place
     shapes, per_device = {}, []
     for key, f in fits.items():
-        if settings.scheduler == "pbt" and f["config_batch"] < budget.configs_per_trial:
-            raise StudyError(f"{names[key]}: population-based training needs a trial's {budget.configs_per_trial} "
+        if settings.scheduler in ("pbt", "lanes") and f["config_batch"] < budget.configs_per_trial:
+            what = ("population-based training" if settings.scheduler == "pbt"
+                    else "refilling lanes (--scheduler lanes)")
+            raise StudyError(f"{names[key]}: {what} needs a trial's {budget.configs_per_trial} "
                              f"configurations in one kernel, but only {f['config_batch']} fit; lower "
                              "--configs-per-trial or --seeds")
         per_device.append(f["per_device"])

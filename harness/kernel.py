@@ -383,8 +383,14 @@ class TrialRunner:
         train_keys = self._lane_keys()
         self.hps[0] = _stack_hparams(self.plan.algo, self.hparams)
         mask = np.isin(np.arange(self.configs), lanes)
-        self.states[0] = _refiller(self.plan.env, self.plan.algo, self.config)(self.states[0], self.hps[0],
-                                                                               train_keys, mask)
+        try:
+            self.states[0] = _refiller(self.plan.env, self.plan.algo, self.config)(self.states[0], self.hps[0],
+                                                                                   train_keys, mask)
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            raise OutOfMemory(f"{self.plan.env}/{self.plan.algo} trial {self.plan.trial}: refilling a lane does "
+                              f"not fit in device memory ({str(err).splitlines()[0][:200]})") from None
 
     def _lane_keys(self) -> Any:
         """Sets every lane's evaluation keys from its configuration key; returns the training keys."""

@@ -39,7 +39,7 @@ ROUNDS = 3  # a trial whose lanes are refilled runs as long as ROUNDS trials wit
 def rungs(min_steps: int, budget_steps: int, eta: int = ETA) -> list[int]:
     """The env steps per seed where a configuration is judged: ``min_steps * eta**r`` below the budget."""
     out, step = [], max(1, min_steps)
-    while step < budget_steps:
+    while step * eta <= budget_steps:  # the last rung is the budget itself: no judgement there
         out.append(step)
         step *= eta
     return out
@@ -88,9 +88,9 @@ class LaneBroker:
         import optuna
 
         if number not in self._trials:
-            frozen = self.ostudy.get_trials(deepcopy=False)
-            self._trials.update({t.number: optuna.trial.Trial(self.ostudy, t._trial_id) for t in frozen
-                                 if t.number not in self._trials})
+            study = self.ostudy
+            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+            self._trials[number] = optuna.trial.Trial(study, trial_id)
         return self._trials[number]
 
     def step(self, trial: int, chunk: int, static: dict[str, Any], lanes: list[dict[str, Any]],
@@ -110,6 +110,7 @@ class LaneBroker:
         from harness.stats import config_score
 
         ended: dict[int, dict[str, Any]] = {}
+        metric = self.study.metric
         for r in lanes:
             t = self._trial(r["number"])
             told = self._told(t)
@@ -124,8 +125,8 @@ class LaneBroker:
                 ended[r["lane"]] = self._stop(t, r, "complete", "trained its whole budget", value)
             elif r["last"]:  # the trial's budget ends before this configuration's does
                 ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
-            elif r["rung"] is not None and r["value"] is not None:  # at a rung: report, and let Optuna judge
-                t.report(float(r["value"]), step=int(r["steps"]))
+            elif r["rung"] is not None and (value := config_score(r["values"], None, metric)) is not None:
+                t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
                 if t.should_prune():
                     why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
                     ended[r["lane"]] = self._stop(t, r, "pruned", why)
@@ -137,8 +138,7 @@ class LaneBroker:
                     t = self._trial(before)
                     point = suggest(t, self.study.space)  # its stored values (Optuna returns them as set)
                 else:
-                    self.ostudy.enqueue_trial(static)
-                    t = self.ostudy.ask()
+                    t = self._ask(static)
                     point = suggest(t, self.study.space)
                     t.set_user_attr(TRIAL_ATTR, trial)
                     t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
@@ -147,6 +147,18 @@ class LaneBroker:
                     self._trials[t.number] = t
                 new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
         return {"ended": ended, "new": new}
+
+    def _ask(self, static: dict[str, Any]) -> Any:
+        """A new Optuna trial with the ``static`` values fixed, as ``enqueue_trial`` then ``ask`` fix
+        them, but never through the study's queue of waiting trials: the driver's searcher enqueues
+        and asks there at the same time, and ``ask`` pops whichever waiting trial comes first."""
+        import optuna
+
+        study = self.ostudy
+        trial_id = study._storage.create_new_trial(study._study_id)
+        study._storage.set_trial_system_attr(trial_id, "fixed_params", static)
+        study._thread_local.cached_all_trials = None
+        return optuna.trial.Trial(study, trial_id)
 
     def _stop(self, t: Any, r: dict[str, Any], status: str, why: str,
               value: float | None = None) -> dict[str, str]:
@@ -218,8 +230,10 @@ class LaneTrial:
         rung). Returns the broker's answer."""
         last = runner.done
         chunk = len(runner.curves)
-        per_chunk = runner.config.env_steps_after(1)
-        first_rung_chunks = -(-self.rungs[0] // per_chunk) if self.rungs else runner.config.num_chunks
+        # chunks a new configuration needs to reach its first judgement
+        first_rung_chunks, judged_at = 1, self.rungs[0] if self.rungs else runner.budget_steps
+        while runner.config.env_steps_after(first_rung_chunks) < judged_at:
+            first_rung_chunks += 1
         refill = runner.total_chunks - chunk >= first_rung_chunks
         reports = self.reports(runner, last)
         answer = call(self.trial, chunk, self.static, reports, refill)
@@ -256,13 +270,8 @@ class LaneTrial:
             if lane.judged < len(self.rungs) and steps >= self.rungs[lane.judged]:
                 rung = lane.judged
                 lane.judged += 1
-            value = None
-            if rung is not None:
-                from harness.stats import config_score
-
-                value = config_score([None if not np.isfinite(v) else float(v)
-                                      for v in runner.lane_objective([c])[0]])
-            out.append({"lane": c, "number": lane.number, "steps": steps, "rung": rung, "value": value,
+            values = _floats(runner.lane_objective([c])[0]) if rung is not None else None
+            out.append({"lane": c, "number": lane.number, "steps": steps, "rung": rung, "values": values,
                         "diverged": bool(r.diverged[c].any()), "finished": c in finished, "last": last,
                         "scores": self._evaluated[c][0] if c in self._evaluated else None})
         return out

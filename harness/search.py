@@ -96,6 +96,11 @@ def suggest(trial: optuna.Trial, space: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def decoded(params: dict[str, Any], space: dict[str, Any]) -> dict[str, Any]:
+    """An Optuna trial's params as ``suggest`` returns them (static choices decoded from their labels)."""
+    return {n: space[n].value(v) if isinstance(space.get(n), Categorical) else v for n, v in params.items()}
+
+
 def next_trial_number(ostudy: optuna.Study) -> int:
     numbers = [t.user_attrs.get(TRIAL_ATTR, -1) for t in ostudy.get_trials(deepcopy=False)]
     return max(numbers, default=-1) + 1
@@ -139,6 +144,7 @@ class BatchedOptunaSearcher(Searcher):
         self._next = next_trial_number(ostudy)
         self.on_suggest, self.adopt = on_suggest, list(adopt or [])
         self.reported: set[tuple[int, int]] = set()  # (Optuna number, step) already told to Optuna
+        self.lane_ended: dict[str, dict[int, dict[str, Any]]] = {}  # lane trials: configurations ended so far
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if self.adopt:
@@ -191,6 +197,8 @@ class BatchedOptunaSearcher(Searcher):
                 **{k: result[k] for k in ("evals", "objective") if k in result},
                 **({"pbt": json.loads(result["pbt"])} if result.get("pbt") else {})}
         if trial_id in self.live and self.live[trial_id][2].lanes is not None:
+            ended = self.lane_ended.setdefault(trial_id, {})  # kept should the trial end in an error
+            ended.update({c["optuna_number"]: c for c in json.loads(result.get("lane_ended") or "[]")})
             return  # its lanes' broker reports their configurations to Optuna
         if trial_id in self.live and result.get("num_chunks"):  # the curves so far, live
             picked = reported_chunks(int(result["num_chunks"]))
@@ -266,19 +274,28 @@ class BatchedOptunaSearcher(Searcher):
 
     def _complete_lanes(self, trial_id: str, result: dict | None, error: bool) -> None:
         """The record of a trial whose lanes were refilled: every configuration that ended in it
-        (its own status, curve and why it stopped); the first ones, if the trial failed before
-        they ended, as failed."""
+        (its own status, curve and why it stopped, also those reported before the trial failed);
+        those still running when it failed as failed (and told FAIL)."""
         trials, points, plan = self.live.pop(trial_id)
         self.curves.pop(trial_id, None)
         result = result or {}
         status = "complete" if result.get("final") and not error else "failed"
-        configs = json.loads(result.get("lane_configs") or "[]")
-        ended = {c["optuna_number"] for c in configs}
-        for t, p, h in zip(trials, points, plan.hparams, strict=True):
-            if t.number not in ended:
-                configs.append({"index": len(configs), "optuna_number": t.number, "params": p, "hparams": h,
-                                "status": "failed", "stopped": "its trial failed", "pruned": False,
-                                "scores": None, "final_returns": None, "diverged": None})
+        by_number = self.lane_ended.pop(trial_id, {})
+        by_number.update({c["optuna_number"]: c for c in json.loads(result.get("lane_configs") or "[]")})
+        configs = sorted(by_number.values(), key=lambda c: c["index"])
+        failed = {"status": "failed", "stopped": "its trial failed", "pruned": False, "scores": None,
+                  "final_returns": None, "diverged": None, "env_steps": None}
+        for i, (t, p, h) in enumerate(zip(trials, points, plan.hparams, strict=True)):
+            if t.number not in by_number:  # a first configuration: its index is its lane's
+                configs.append({"index": i, "optuna_number": t.number, "params": p, "hparams": h, **failed})
+        running = [t for t in self.ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                   if t.user_attrs.get(TRIAL_ATTR) == plan.trial and "after_chunk" in t.user_attrs]
+        for t in running:  # refills the trial was training when it failed
+            if t.number not in by_number:
+                params = decoded(t.params, self.study.space)
+                configs.append({"index": max(c["index"] for c in configs) + 1, "optuna_number": t.number,
+                                "params": params, "hparams": None, **failed})
+        configs.sort(key=lambda c: c["index"])
         record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
                   "objective": plan.objective, "threshold": plan.threshold, "pbt": None, "lanes": plan.lanes,
                   "plan": asdict(plan),  # its first lanes: with the configurations, harness.lanes.replay's input

@@ -114,14 +114,17 @@ class BrokerHandle:
     where the Optuna storage is: found by the trials under ``name``; :meth:`stop` ends it."""
 
     def __init__(self, settings: Settings, budget: Budget) -> None:
-        import uuid
+        import hashlib
 
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from harness.lanes import LaneBroker, serve_locally
 
-        self.name = f"rl-harness-lanes-{settings.study.name}-{uuid.uuid4().hex[:8]}"
+        # one name per study and storage: a resumed study's adopted trials find the broker under the
+        # name their plans hold (the killed driver's broker died with it)
+        digest = hashlib.sha1(settings.storage.encode()).hexdigest()[:10]
+        self.name = f"rl-harness-lanes-{settings.study.name}-{digest}"
         spec = settings.lanes(budget, self.name) or {}
         args = (settings.study, settings.storage)
         kwargs = dict(static_names=settings.static_names, hparams=settings.hparams, min_steps=spec["min_steps"],
@@ -159,7 +162,8 @@ def adoptable(folder: ResultsFolder, ostudy: Any, records: list[dict[str, Any]])
         if isinstance(entry, Unreadable):
             print(f"warning: {entry.error}; that trial starts over as a new one", file=sys.stderr)
             folder.drop_inflight(entry)
-        elif entry.trial in recorded or not set(entry.optuna_numbers) <= running:
+        elif entry.trial in recorded or (not entry.plan.get("lanes") and not set(entry.optuna_numbers) <= running):
+            # (a lane trial's first configurations end while it runs: it goes on while it has no record)
             folder.drop_inflight(entry)
         else:
             out.append(entry)

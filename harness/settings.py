@@ -228,6 +228,11 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
                         smoke=options.smoke, resume_command=resume_command, ablation=options.ablation)
     if options.smoke:
         settings = _smoke_statics(settings)
+    client = (options.address or "").startswith("ray://")
+    if scheduler == "lanes" and client and settings.storage.startswith("sqlite"):
+        raise StudyError("--scheduler lanes through a Ray client (ray://) needs an Optuna storage every node can "
+                         "reach (--storage postgresql://... or mysql://...): its broker runs on the cluster, "
+                         "and an SQLite file is on this machine")
     fields = set(settings.config_fields)
     for budget in dict.fromkeys(budgets.values()):
         validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)

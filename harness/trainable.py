@@ -187,6 +187,7 @@ class StudyTrial(tune.Trainable):
         self.checkpoint_seconds, self.checkpoints = 0.0, 0
         self.watchdog.busy()
         self.lanes = self.broker = None
+        self.lanes_sent: set[int] = set()  # configurations whose records went out with a result
         try:  # compiles on first use of a static config
             self.runner = TrialRunner(self.plan, config_batch=shape_of(config).get("config_batch"))
             if self.plan.lanes:  # lane-level successive halving: the lanes' side, and the broker's line
@@ -291,12 +292,14 @@ class StudyTrial(tune.Trainable):
         _maybe_crash(self.plan, r.chunk)
         self.watchdog.idle()
         records = self.lanes.records()
+        new = [c for c in records if c["optuna_number"] not in self.lanes_sent]  # also the searcher's, as they end
+        self.lanes_sent |= {c["optuna_number"] for c in new}
         scores = [v for c in records if c["status"] == "complete"
                   and (v := config_score(c["scores"], c["diverged"])) is not None]
         best = (max(scores) if maximized(self.plan.objective) else min(scores)) if scores else float("nan")
         out = {"score": best, "chunk": r.chunk, "num_chunks": r.num_chunks, "env_steps": r.env_steps,
                "steps_per_sec": r.steps_per_sec, "kernel_seconds": r.kernel_seconds,
-               "configs_ended": len(records), "checkpoints": self.checkpoints,
+               "configs_ended": len(records), "lane_ended": json.dumps(new), "checkpoints": self.checkpoints,
                "checkpoint_seconds": self.checkpoint_seconds, "resumed_after_chunk": self.runner.restored_chunks}
         if not self.runner.done:
             return {**out, "should_checkpoint": self._checkpoint_due()}

@@ -112,7 +112,7 @@ def _broker(tmp_path, min_steps=100):
 
 
 def _at(lane, number, steps, value, **kw):
-    return {"lane": lane, "number": number, "steps": steps, "rung": 0, "value": value, "diverged": False,
+    return {"lane": lane, "number": number, "steps": steps, "rung": 0, "values": [value], "diverged": False,
             "finished": False, "last": False, "scores": None, **kw}
 
 
@@ -297,3 +297,47 @@ def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_
     assert len(curves) == 2 * 4 * 2 and curves.env_steps.max() == 20480
     assert "[1/1] trial 0: best of its 2 (its lanes refilled; 2 trained to the end, 0 stopped early)" in (
         capsys.readouterr().out)
+
+
+def test_search_phase__a_lane_trial_that_fails_keeps_what_ended_and_tells_its_running_refills(tmp_path,
+                                                                                              monkeypatch):
+    import studies
+    from harness import search_phase, tuning
+    from harness.folder import ResultsFolder
+    from harness.guard import DiskGuard
+    from harness.lanes import broker_call
+    from tests.driver import CPU, settings_for, small
+
+    study = small(studies.get("cartpole_ppo"), trials=3, timesteps=20480)
+    settings = settings_for(study, tmp_path, scheduler="lanes")
+    folder = ResultsFolder(tmp_path / study.name)
+    folder.write_meta(settings.meta(settings.budget("cpu"), None, "now"))
+
+    def fake(settings, folder, placement, guard, *, searcher=None, **kwargs):
+        searcher.suggest("t")
+        plan = searcher.live["t"][2]
+        ostudy = searcher.ostudy
+        ostudy.enqueue_trial({"num_minibatches": "4"})  # the driver's queue: the broker never pops it
+        # after chunk 1 both first lanes reach the first rung: lane 1 (worse) is stopped and refilled
+        call = broker_call(plan.lanes["broker"])
+        reports = [_at(i, n, 5120, v) for i, (n, v) in enumerate(zip(plan.config_keys, (10.0, 5.0), strict=True))]
+        answer = call(plan.trial, 1, plan.lanes["static"], reports, True)
+        assert list(answer["ended"]) == [1] and list(answer["new"]) == [1]
+        assert [t.state.name for t in ostudy.get_trials()].count("WAITING") == 1
+        ended = {"index": 1, "lane": 1, "optuna_number": plan.config_keys[1], "params": plan.lanes["params"][1],
+                 "hparams": plan.hparams[1], "status": "pruned", "stopped": answer["ended"][1]["why"],
+                 "pruned": True, "started_chunk": 0, "env_steps": 5120, "scores": None, "final_returns": None,
+                 "diverged": [False, False], "last_value": 5.0, "curve": []}
+        searcher.on_trial_result("t", {"chunk": 1, "lane_ended": json.dumps([ended])})
+        searcher.on_trial_complete("t", None, error=True)  # its worker failed for good: no last result
+
+    monkeypatch.setattr(tuning, "run", fake)
+    search_phase.run(settings, folder, CPU, DiskGuard(folder, "resume"))
+    (rec,) = folder.trials()
+    assert rec["status"] == "failed"
+    assert [(c["index"], c["status"]) for c in rec["configs"]] == [(0, "failed"), (1, "pruned"), (2, "failed")]
+    states = {t.number: t.state.name for t in optuna.load_study(study_name=study.name,
+                                                                  storage=folder.optuna_url()).trials}
+    numbers = [c["optuna_number"] for c in rec["configs"]]
+    assert [states[n] for n in numbers] == ["FAIL", "PRUNED", "FAIL"]  # none left RUNNING
+    assert rec["configs"][2]["params"]["num_minibatches"] == rec["static"]["num_minibatches"]
