@@ -2,6 +2,7 @@
 lane-level successive halving against today's trial-level ASHA and TPE without early stopping.
 
     python bench/search_efficiency.py [--envs cartpole,dungeon,acrobot] [--study-seeds 3] [--tiny]
+                                      [--timesteps N] [--top-k 3]
 
 For each env and study seed, three studies through ``python -m harness.study`` (embedded Ray,
 ``--no-ablation``): the search, then the study's answer as a user gets it, its top 3
@@ -110,12 +111,18 @@ def matched_trials(trial_steps: int, budget: dict[str, int]) -> int:
     return max(1, round(trial_steps / per_trial))
 
 
+def budget_of(env: str, args: argparse.Namespace) -> dict[str, int]:
+    budget = dict(ENVS[env]["tiny" if args.tiny else "full"])
+    return {**budget, "timesteps": args.timesteps} if args.timesteps else budget
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--envs", default="cartpole,dungeon,acrobot")
     p.add_argument("--study-seeds", type=int, default=3)
     p.add_argument("--top-k", type=int, default=3, help="configurations re-trained on fresh seeds (default 3)")
     p.add_argument("--tiny", action="store_true", help="a tiny budget (the test suite's run)")
+    p.add_argument("--timesteps", type=int, help="env steps per configuration (default: each env's budget)")
     args = p.parse_args()
     names = [e for e in args.envs.split(",") if e]
     unknown = sorted(set(names) - set(ENVS))
@@ -124,7 +131,7 @@ def main() -> None:
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="search-efficiency-") as tmp:
         for env in names:
-            budget = ENVS[env]["tiny" if args.tiny else "full"]
+            budget = budget_of(env, args)
             rows[env] = {m: [] for m in METHODS}
             for seed in range(args.study_seeds):
                 path = study_file(Path(tmp), env, seed, args.top_k)
@@ -138,7 +145,7 @@ def main() -> None:
     print()
     for env in names:
         ref = ENVS[env]["reference"]
-        print(f"{env}: {ENVS[env]['tiny' if args.tiny else 'full']}, {args.study_seeds} study seeds; best = the "
+        print(f"{env}: {budget_of(env, args)}, {args.study_seeds} study seeds; best = the "
               f"answer (best of the top {args.top_k} re-trained) on fresh seeds minus random play's ({ref:g})")
         print(f"  {'method':7} {'configs':>16} {'env steps':>12} {'configs/M steps':>16} {'best margin':>22} "
               f"{'wall_s':>7}")
