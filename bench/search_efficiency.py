@@ -2,7 +2,7 @@
 lane-level successive halving against today's trial-level ASHA and TPE without early stopping.
 
     python bench/search_efficiency.py [--envs cartpole,dungeon,acrobot] [--study-seeds 3] [--tiny]
-                                      [--timesteps N] [--top-k 3]
+                                      [--timesteps N] [--top-k 3] [--methods tpe,trial,lane]
 
 For each env and study seed, three studies through ``python -m harness.study`` (embedded Ray,
 ``--no-ablation``): the search, then the study's answer as a user gets it, its top 3
@@ -123,7 +123,9 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=3, help="configurations re-trained on fresh seeds (default 3)")
     p.add_argument("--tiny", action="store_true", help="a tiny budget (the test suite's run)")
     p.add_argument("--timesteps", type=int, help="env steps per configuration (default: each env's budget)")
+    p.add_argument("--methods", default="tpe,trial,lane", help="which of tpe, trial, lane (trial and lane always)")
     args = p.parse_args()
+    methods = [m for m in METHODS if m in {*args.methods.split(","), "trial", "lane"}]
     names = [e for e in args.envs.split(",") if e]
     unknown = sorted(set(names) - set(ENVS))
     if unknown:
@@ -132,10 +134,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="search-efficiency-") as tmp:
         for env in names:
             budget = budget_of(env, args)
-            rows[env] = {m: [] for m in METHODS}
+            rows[env] = {m: [] for m in methods}
             for seed in range(args.study_seeds):
                 path = study_file(Path(tmp), env, seed, args.top_k)
-                for method in METHODS:
+                for method in methods:
                     b = dict(budget)
                     if method == "lane":
                         b["trials"] = matched_trials(rows[env]["trial"][-1]["env_steps"], budget)
