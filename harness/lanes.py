@@ -189,12 +189,14 @@ class LaneBroker:
 
     def _asked_before(self, trial: int, chunk: int, lane: int) -> int | None:
         """The refill a broker before this one asked for this (trial, chunk, lane), if any."""
+        from harness.search import TRIAL_ATTR
+
         if self._asked is None:  # once per broker: the refills its study holds
             self._asked = {}
             for t in self.ostudy.get_trials(deepcopy=False):
                 if "after_chunk" in t.user_attrs:
                     attrs = t.user_attrs
-                    self._asked[(attrs["tune_trial"], attrs["after_chunk"], attrs["lane"])] = t.number
+                    self._asked[(attrs[TRIAL_ATTR], attrs["after_chunk"], attrs["lane"])] = t.number
         return self._asked.get((trial, chunk, lane))
 
 

@@ -256,9 +256,7 @@ class BatchedOptunaSearcher(Searcher):
                   "objective": plan.objective, "threshold": plan.threshold, "pbt": plan.pbt,
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
                   "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
-                  **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error",
-                                            "resumed_after_chunk", "checkpoints", "checkpoint_seconds")
-                     if k in result}}
+                  **{k: result[k] for k in RECORDED if k in result}}
         self.on_complete(record)
         if curves:  # the last chunk too (where the scheduler stopped it), if the spacing skipped it
             self._report(trial_id, curves[-1:])
@@ -301,9 +299,7 @@ class BatchedOptunaSearcher(Searcher):
                   "plan": asdict(plan),  # its first lanes: with the configurations, harness.lanes.replay's input
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": [],
                   "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
-                  **{k: result[k] for k in ("kernel_seconds", "compile_seconds", "trial_seconds", "error",
-                                            "resumed_after_chunk", "checkpoints", "checkpoint_seconds")
-                     if k in result}}
+                  **{k: result[k] for k in RECORDED if k in result}}
         self.on_complete(record)
         tell(self.ostudy, record)
 
@@ -313,6 +309,10 @@ class BatchedOptunaSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         pass
 
+
+# what a trial's last result adds to its record as it is: timings, its error, how it was resumed
+RECORDED = ("kernel_seconds", "compile_seconds", "trial_seconds", "error", "resumed_after_chunk", "checkpoints",
+            "checkpoint_seconds")
 
 MAX_REPORTS = 50  # intermediate values per Optuna trial: evenly spaced chunks, the first and last included
 
