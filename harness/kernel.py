@@ -249,7 +249,12 @@ class TrialRunner:
     did not fit, and raises :class:`OutOfMemory` when one configuration does not fit.
     """
 
+    lanes = False  # LaneRunner: lanes refilled with new configurations
+    one_kernel = False  # PbtRunner and LaneRunner: every configuration in one kernel, never split
+
     def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
+        if type(self) is TrialRunner and (plan.pbt or plan.chunks is not None):
+            raise ValueError("a plan with PBT or refilled lanes runs in its own runner: runner_for(plan)")
         self.plan = plan
         self.config = build_config(plan.algo, plan.config)
         _check_objective(plan)
@@ -259,27 +264,10 @@ class TrialRunner:
         self.budget_steps = self.config.env_steps_after(self.config.num_chunks)
         self.hparams = [dict(h) for h in plan.hparams]  # in effect now (PBT and schedules change them)
         self.schedule = {int(e["chunk"]): e["hparams"] for e in plan.schedule or []}
-        self._exploit = None
-        self.lanes = plan.chunks is not None  # lanes refilled with new configurations (refill())
-        if self.lanes and (plan.pbt or plan.schedule or plan.config_keys is None):
-            raise ValueError("a trial whose lanes are refilled needs config_keys and neither PBT nor a schedule")
-        if self.lanes and (config_batch or len(plan.hparams)) < len(plan.hparams):
-            raise ValueError("refilled lanes need every configuration in one kernel; "
-                             f"{len(plan.hparams)} configurations do not run as one batch here")
-        if plan.pbt:
-            import jax
-
-            if (config_batch or len(plan.hparams)) < len(plan.hparams):
-                raise ValueError("population-based training needs the whole population in one kernel; "
-                                 f"{len(plan.hparams)} configurations do not run as one batch here")
-            self.pbt = pbt_config(plan.pbt)
-            self._exploit = _exploiter(plan.env, plan.algo, self.config, self.pbt)
-            self.pbt_key = jax.random.fold_in(jax.random.fold_in(
-                jax.random.fold_in(jax.random.key(plan.study_seed), plan.trial), plan.stream), PBT_TAG)
         self.configs = len(plan.hparams)
         self.runs = self.configs * plan.seeds
         self.total_chunks = plan.chunks or self.config.num_chunks
-        self.lane_ids = list(plan.config_keys or [])  # each lane's configuration key (refill() changes them)
+        self.lane_ids = list(plan.config_keys or [])  # each lane's configuration key (LaneRunner.refill)
         self.lane_start = [0] * self.configs  # the chunk (0-based) where each lane's configuration began
         self._lane_steps = np.zeros(self.configs, np.int64)  # env steps per seed of each lane's configuration
         self.compile_s, self.kernel_s, self.steps = 0.0, 0.0, 0
@@ -316,7 +304,7 @@ class TrialRunner:
         if not is_out_of_memory(err):
             raise err
         self.states = []  # free the device memory before trying a narrower shape
-        if self.batch == 1 or self._exploit is not None or self.lanes:
+        if self.batch == 1 or self.one_kernel:
             raise OutOfMemory(
                 f"{self.plan.env}/{self.plan.algo} trial {self.plan.trial}: one configuration x "
                 f"{self.plan.seeds} seeds does not fit in device memory; lower seeds, num_envs or "
@@ -345,81 +333,9 @@ class TrialRunner:
             padded = idx + [idx[0]] * (self.batch - len(idx))
             self.hps[g] = _stack_hparams(self.plan.algo, [hparams[i] for i in padded])
 
-    def _exploit_explore(self, k: int) -> dict[str, Any]:
-        """After chunk ``k``: the population's exploit/explore step, on the device. Fitness is each
-        configuration's mean evaluation return over the last ``interval`` chunks and its seeds
-        (NaN, ranked last, where a seed diverged)."""
-        import jax
-
-        interval = int(self.plan.pbt["interval"])
-        recent = np.stack([r.evals for r in self.curves[-interval:]])  # [interval, C, S]
-        fitness = np.where(self.curves[-1].diverged.any(-1), np.nan, recent.mean(axis=(0, 2)))
-        key = jax.random.fold_in(self.pbt_key, k)
-        self.states[0], self.hps[0], source = self._exploit(self.states[0], self.hps[0], key,
-                                                            np.asarray(fitness, np.float32))
-        values = jax.device_get(self.hps[0])
-        self.hparams = [{n: float(getattr(values, n)[i]) for n in self.plan.hparams[i]}
-                        for i in range(self.configs)]
-        return {"chunk": k, "source": [int(s) for s in np.asarray(source)],
-                "fitness": [float(f) if np.isfinite(f) else None for f in fitness], "hparams": self.hparams}
-
     @property
     def done(self) -> bool:
         return len(self.curves) >= self.total_chunks
-
-    def lane_chunks(self, lane: int) -> int:
-        """Chunks the lane's current configuration has trained."""
-        return len(self.curves) - self.lane_start[lane]
-
-    def refill(self, lanes: list[int], hparams: list[dict[str, float]], ids: list[int]) -> None:
-        """Starts ``lanes`` afresh with new configurations (their ``hparams`` and keys ``ids``), on
-        the device, from the next chunk on; the other lanes go on untouched. Each new one trains
-        as it would alone: its keys and its chunk count are its own."""
-        if not self.lanes:
-            raise ValueError("refill() needs a plan whose lanes are refilled (chunks and config_keys set)")
-        for c, h, n in zip(lanes, hparams, ids, strict=True):
-            self.hparams[c], self.lane_ids[c], self.lane_start[c] = dict(h), int(n), len(self.curves)
-            self._lane_steps[c] = 0
-        train_keys = self._lane_keys()
-        self.hps[0] = _stack_hparams(self.plan.algo, self.hparams)
-        mask = np.isin(np.arange(self.configs), lanes)
-        try:
-            self.states[0] = _refiller(self.plan.env, self.plan.algo, self.config)(self.states[0], self.hps[0],
-                                                                                   train_keys, mask)
-        except Exception as err:
-            if not is_out_of_memory(err):
-                raise
-            raise OutOfMemory(f"{self.plan.env}/{self.plan.algo} trial {self.plan.trial}: refilling a lane does "
-                              f"not fit in device memory ({str(err).splitlines()[0][:200]})") from None
-
-    def _lane_keys(self) -> Any:
-        """Sets every lane's evaluation keys from its configuration key; returns the training keys."""
-        train, evals = config_keys(self.plan.study_seed, self.lane_ids, self.plan.stream, self.plan.seeds)
-        self.train_keys, self.eval_keys = train, evals
-        self.group_eval_keys[0] = evals
-        return train
-
-    def lane_objective(self, lanes: list[int], final: np.ndarray | None = None) -> np.ndarray:
-        """``[len(lanes), S]`` each lane's configuration's value under the plan's objective over its
-        own chunks (``final``: its final evaluation, else its latest one); NaN where diverged."""
-        out = []
-        for j, c in enumerate(lanes):
-            curve = self.curves[self.lane_start[c]:]
-            evals = np.stack([r.evals[c] for r in curve])
-            steps = [int(r.lane_steps[c]) if r.lane_steps is not None else r.env_steps for r in curve]
-            values = objective_values(evals, steps, self.plan.objective, final=None if final is None else final[j],
-                                      threshold=self.plan.threshold, budget=self.budget_steps)
-            out.append(np.where(curve[-1].diverged[c], np.nan, values))
-        return np.array(out, np.float64).reshape(len(lanes), self.plan.seeds)
-
-    def lane_results(self, lanes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(scores, final returns, diverged), each ``[len(lanes), S]``: the lanes' configurations
-        evaluated now on their evaluation seeds (as :meth:`finish` does at a trial's end)."""
-        self._eval_compile.join()
-        ev = np.asarray(self._evaluate(self.states[0], self.group_eval_keys[0]).return_mean, np.float64)
-        diverged = np.asarray(self.curves[-1].diverged)[lanes]
-        final = np.where(diverged, np.nan, ev[lanes])
-        return np.where(diverged, np.nan, self.lane_objective(lanes, final)), final, diverged
 
     def chunk(self) -> ChunkReport:
         t = time.perf_counter()
@@ -445,8 +361,6 @@ class TrialRunner:
             kernel_seconds=self.kernel_s, lane_steps=lane_steps)
         self.steps, self._lane_steps = new_steps, lane_steps
         self.curves.append(report)
-        if self._exploit is not None and report.chunk % int(self.plan.pbt["interval"]) == 0 and not self.done:
-            report.pbt = self._exploit_explore(report.chunk)
         return report
 
     # -- mid-run snapshots ------------------------------------------------------------------
@@ -507,8 +421,6 @@ class TrialRunner:
         lanes = json.loads(snap["lanes"])
         self.lane_ids, self.lane_start = lanes["ids"], lanes["start"]
         self._lane_steps = np.array(lanes["steps"], np.int64)
-        if self.lanes:
-            self._lane_keys()
         self.steps = int(snap["steps"])
         self.kernel_s, self.compile_s = float(snap["kernel_seconds"]), float(snap["compile_seconds"])
         self.restored_chunks = len(self.curves)
@@ -558,6 +470,133 @@ class TrialRunner:
         final = np.where(diverged, np.nan, np.concatenate(returns))
         return TrialResult(np.where(diverged, np.nan, self._objective(final)), final, diverged, self.steps,
                            self.kernel_s, self.compile_s, self.curves, self.hparams)
+
+
+class PbtRunner(TrialRunner):
+    """A trial that is one population (population-based training): every ``plan.pbt["interval"]``
+    chunks (not after the last), the exploit/explore step on the device, reported in the chunk's
+    ``pbt`` field."""
+
+    one_kernel = True
+
+    def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
+        import jax
+
+        if not plan.pbt:
+            raise ValueError("PbtRunner needs a plan with pbt set")
+        if (config_batch or len(plan.hparams)) < len(plan.hparams):
+            raise ValueError("population-based training needs the whole population in one kernel; "
+                             f"{len(plan.hparams)} configurations do not run as one batch here")
+        self.pbt = pbt_config(plan.pbt)
+        self._exploit = _exploiter(plan.env, plan.algo, build_config(plan.algo, plan.config), self.pbt)
+        self.pbt_key = jax.random.fold_in(jax.random.fold_in(
+            jax.random.fold_in(jax.random.key(plan.study_seed), plan.trial), plan.stream), PBT_TAG)
+        super().__init__(plan, config_batch=config_batch)
+
+    def chunk(self) -> ChunkReport:
+        report = super().chunk()
+        if report.chunk % int(self.plan.pbt["interval"]) == 0 and not self.done:
+            report.pbt = self._exploit_explore(report.chunk)
+        return report
+
+    def _exploit_explore(self, k: int) -> dict[str, Any]:
+        """After chunk ``k``: the population's exploit/explore step, on the device. Fitness is each
+        configuration's mean evaluation return over the last ``interval`` chunks and its seeds
+        (NaN, ranked last, where a seed diverged)."""
+        import jax
+
+        interval = int(self.plan.pbt["interval"])
+        recent = np.stack([r.evals for r in self.curves[-interval:]])  # [interval, C, S]
+        fitness = np.where(self.curves[-1].diverged.any(-1), np.nan, recent.mean(axis=(0, 2)))
+        key = jax.random.fold_in(self.pbt_key, k)
+        self.states[0], self.hps[0], source = self._exploit(self.states[0], self.hps[0], key,
+                                                            np.asarray(fitness, np.float32))
+        values = jax.device_get(self.hps[0])
+        self.hparams = [{n: float(getattr(values, n)[i]) for n in self.plan.hparams[i]}
+                        for i in range(self.configs)]
+        return {"chunk": k, "source": [int(s) for s in np.asarray(source)],
+                "fitness": [float(f) if np.isfinite(f) else None for f in fitness], "hparams": self.hparams}
+
+
+class LaneRunner(TrialRunner):
+    """A trial whose lanes are refilled (harness.lanes): ``plan.chunks`` chunks long, each lane
+    (one configuration, its S seeds) at its own progress. :meth:`refill` starts chosen lanes
+    afresh with new configurations on the device; every configuration's keys and chunk count are
+    its own (``plan.config_keys``), so it trains as it would have alone from a trial's start."""
+
+    lanes = one_kernel = True
+
+    def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
+        if plan.chunks is None or plan.config_keys is None or plan.pbt or plan.schedule:
+            raise ValueError("a trial whose lanes are refilled needs chunks and config_keys, and neither PBT "
+                             "nor a schedule")
+        if (config_batch or len(plan.hparams)) < len(plan.hparams):
+            raise ValueError("refilled lanes need every configuration in one kernel; "
+                             f"{len(plan.hparams)} configurations do not run as one batch here")
+        super().__init__(plan, config_batch=config_batch)
+
+    def lane_chunks(self, lane: int) -> int:
+        """Chunks the lane's current configuration has trained."""
+        return len(self.curves) - self.lane_start[lane]
+
+    def refill(self, lanes: list[int], hparams: list[dict[str, float]], ids: list[int]) -> None:
+        """Starts ``lanes`` afresh with new configurations (their ``hparams`` and keys ``ids``), on
+        the device, from the next chunk on; the other lanes go on untouched. Each new one trains
+        as it would alone: its keys and its chunk count are its own."""
+        for c, h, n in zip(lanes, hparams, ids, strict=True):
+            self.hparams[c], self.lane_ids[c], self.lane_start[c] = dict(h), int(n), len(self.curves)
+            self._lane_steps[c] = 0
+        train_keys = self._lane_keys()
+        self.hps[0] = _stack_hparams(self.plan.algo, self.hparams)
+        mask = np.isin(np.arange(self.configs), lanes)
+        try:
+            self.states[0] = _refiller(self.plan.env, self.plan.algo, self.config)(self.states[0], self.hps[0],
+                                                                                   train_keys, mask)
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            raise OutOfMemory(f"{self.plan.env}/{self.plan.algo} trial {self.plan.trial}: refilling a lane does "
+                              f"not fit in device memory ({str(err).splitlines()[0][:200]})") from None
+
+    def _lane_keys(self) -> Any:
+        """Sets every lane's evaluation keys from its configuration key; returns the training keys."""
+        train, evals = config_keys(self.plan.study_seed, self.lane_ids, self.plan.stream, self.plan.seeds)
+        self.train_keys, self.eval_keys = train, evals
+        self.group_eval_keys[0] = evals
+        return train
+
+    def lane_objective(self, lanes: list[int], final: np.ndarray | None = None) -> np.ndarray:
+        """``[len(lanes), S]`` each lane's configuration's value under the plan's objective over its
+        own chunks (``final``: its final evaluation, else its latest one); NaN where diverged."""
+        out = []
+        for j, c in enumerate(lanes):
+            curve = self.curves[self.lane_start[c]:]
+            evals = np.stack([r.evals[c] for r in curve])
+            steps = [int(r.lane_steps[c]) if r.lane_steps is not None else r.env_steps for r in curve]
+            values = objective_values(evals, steps, self.plan.objective, final=None if final is None else final[j],
+                                      threshold=self.plan.threshold, budget=self.budget_steps)
+            out.append(np.where(curve[-1].diverged[c], np.nan, values))
+        return np.array(out, np.float64).reshape(len(lanes), self.plan.seeds)
+
+    def lane_results(self, lanes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(scores, final returns, diverged), each ``[len(lanes), S]``: the lanes' configurations
+        evaluated now on their evaluation seeds (as :meth:`finish` does at a trial's end)."""
+        self._eval_compile.join()
+        ev = np.asarray(self._evaluate(self.states[0], self.group_eval_keys[0]).return_mean, np.float64)
+        diverged = np.asarray(self.curves[-1].diverged)[lanes]
+        final = np.where(diverged, np.nan, ev[lanes])
+        return np.where(diverged, np.nan, self.lane_objective(lanes, final)), final, diverged
+
+    def restore(self, blob: bytes) -> None:
+        super().restore(blob)
+        self._lane_keys()
+
+
+def runner_for(plan: TrialPlan, *, config_batch: int | None = None) -> TrialRunner:
+    """The runner a plan needs: :class:`PbtRunner` for a population (``pbt`` set), :class:`LaneRunner`
+    where its lanes are refilled (``chunks`` set), else :class:`TrialRunner`."""
+    kind = PbtRunner if plan.pbt else LaneRunner if plan.chunks is not None else TrialRunner
+    return kind(plan, config_batch=config_batch)
 
 
 def _compile_soon(jitted: Any, *args: Any) -> threading.Thread:
@@ -614,7 +653,7 @@ def run_trial(plan: TrialPlan, on_chunk: Callable[[ChunkReport], None] | None = 
 
     ``on_chunk`` is called on the host after every chunk; it may raise to stop the trial.
     """
-    runner = TrialRunner(plan, config_batch=config_batch)
+    runner = runner_for(plan, config_batch=config_batch)
     while not runner.done:
         report = runner.chunk()
         if on_chunk is not None:

@@ -13,7 +13,7 @@ Two sides, one round trip per chunk per trial:
   the trial's static values.
 - :class:`LaneTrial` is the trial's side (inside its worker): after each chunk it asks the broker,
   records the configurations that ended (with their own curves) and refills their lanes on the
-  device (``harness.kernel.TrialRunner.refill``).
+  device (``harness.kernel.LaneRunner.refill``).
 
 Why the successive-halving pruner: it is asynchronous successive halving itself (a configuration
 is promoted at a rung when it is in the top 1/eta of those that reached it), it needs no
@@ -351,9 +351,9 @@ def replay(plan: Any, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     of its chunks), and for those that trained to the end ``scores`` and ``final_returns``.
     With the same XLA threads it is bit for bit the trial's (harness.kernel's keys are the
     configurations' own, whichever lane or process trains them)."""
-    from harness.kernel import TrialRunner
+    from harness.kernel import LaneRunner
 
-    runner = TrialRunner(plan)
+    runner = LaneRunner(plan)
     starts: dict[int, list[dict[str, Any]]] = {}
     ends: dict[int, list[dict[str, Any]]] = {}
     for c in configs:

@@ -175,7 +175,7 @@ class StudyTrial(tune.Trainable):
         self._start(config)
 
     def _start(self, config: dict[str, Any]) -> None:
-        from harness.kernel import OutOfMemory, TrialPlan, TrialRunner
+        from harness.kernel import OutOfMemory, TrialPlan, runner_for
 
         self.plan = TrialPlan(**config["plan"])
         self.device = config.get("device", {})
@@ -189,7 +189,7 @@ class StudyTrial(tune.Trainable):
         self.lanes = self.broker = None
         self.lanes_sent: set[int] = set()  # configurations whose records went out with a result
         try:  # compiles on first use of a static config
-            self.runner = TrialRunner(self.plan, config_batch=shape_of(config).get("config_batch"))
+            self.runner = runner_for(self.plan, config_batch=shape_of(config).get("config_batch"))
             if self.plan.lanes:  # lane-level successive halving: the lanes' side, and the broker's line
                 from harness.lanes import LaneTrial, broker_call
 

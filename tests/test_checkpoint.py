@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from harness.kernel import TrialPlan, TrialRunner
+from harness.kernel import TrialPlan, TrialRunner, runner_for
 from tests.test_pbt import PLAN as PBT_PLAN
 
 PPO = TrialPlan(
@@ -47,16 +47,16 @@ def _identical(a, b):
 
 @pytest.mark.parametrize("plan", [PPO, SAC, PBT], ids=["ppo", "sac", "pbt"])
 def test_snapshot__restored_trial_ends_bit_identical_to_an_uninterrupted_one(plan):
-    whole = _run(TrialRunner(plan))
+    whole = _run(runner_for(plan))
     num_chunks = len(whole[0].curves)
     assert num_chunks >= 3
     for stop in (1, num_chunks - 1):
-        first = TrialRunner(plan)
+        first = runner_for(plan)
         for _ in range(stop):
             first.chunk()
         blob = first.snapshot()
         del first  # the process that ran the first chunks is gone
-        resumed = TrialRunner(plan)
+        resumed = runner_for(plan)
         resumed.restore(blob)
         assert resumed.restored_chunks == stop and not resumed.done
         _identical(whole, _run(resumed))

@@ -1,4 +1,4 @@
-"""Lanes refilled inside a trial's kernel (harness.kernel.TrialRunner.refill): a configuration
+"""Lanes refilled inside a trial's kernel (harness.kernel.LaneRunner.refill): a configuration
 started in a lane mid-trial trains exactly as it would have from the trial's start, its
 neighbours are untouched, and a snapshot taken with lanes at different progress resumes bit for bit."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import optuna
 import pytest
 
-from harness.kernel import TrialPlan, TrialRunner, run_trial
+from harness.kernel import LaneRunner, TrialPlan, run_trial
 
 HP = [{"lr": 3e-4, "ent_coef": 0.0}, {"lr": 1e-3, "ent_coef": 0.01}, {"lr": 3e-3, "ent_coef": 0.02},
       {"lr": 2e-4, "ent_coef": 0.05}]
@@ -27,14 +27,14 @@ def _lane_curve(runner, lane, start, chunks):
 
 
 def test_refill__a_lane_started_mid_trial_trains_as_it_would_from_the_start():
-    late = TrialRunner(BASE)  # lane 0 runs config 10 for 2 chunks, then config 13 for 3 (its whole budget)
+    late = LaneRunner(BASE)  # lane 0 runs config 10 for 2 chunks, then config 13 for 3 (its whole budget)
     for _ in range(2):
         late.chunk()
     late.refill([0], [HP[3]], [13])
     assert late.lane_chunks(0) == 0 and late.lane_chunks(1) == 2
     for _ in range(3):
         late.chunk()
-    early = TrialRunner(dataclasses.replace(BASE, hparams=[HP[3], *HP[1:3]], config_keys=[13, 11, 12]))
+    early = LaneRunner(dataclasses.replace(BASE, hparams=[HP[3], *HP[1:3]], config_keys=[13, 11, 12]))
     for _ in range(5):
         early.chunk()
     # the new configuration: the same curve and env steps as from chunk 0, and the same final score
@@ -42,7 +42,7 @@ def test_refill__a_lane_started_mid_trial_trains_as_it_would_from_the_start():
     assert [int(r.lane_steps[0]) for r in late.curves[2:]] == [int(r.lane_steps[0]) for r in early.curves[:3]]
     assert late.lane_chunks(0) == 3 and int(late.curves[-1].lane_steps[0]) == late.budget_steps
     scores_late, final_late, _ = late.lane_results([0])
-    early3 = TrialRunner(dataclasses.replace(BASE, hparams=[HP[3], *HP[1:3]], config_keys=[13, 11, 12]))
+    early3 = LaneRunner(dataclasses.replace(BASE, hparams=[HP[3], *HP[1:3]], config_keys=[13, 11, 12]))
     for _ in range(3):
         early3.chunk()
     scores_early, final_early, _ = early3.lane_results([0])
@@ -68,7 +68,7 @@ def test_refill__keys_are_the_configurations_not_the_trials_or_lanes():
 
 def test_refill__snapshot_with_lanes_at_different_progress_resumes_bit_for_bit():
     def run(stop_after=None):
-        r = TrialRunner(BASE)
+        r = LaneRunner(BASE)
         blob = None
         for k in range(6):
             if k == 1:
@@ -78,7 +78,7 @@ def test_refill__snapshot_with_lanes_at_different_progress_resumes_bit_for_bit()
             r.chunk()
             if stop_after == k + 1:
                 blob = r.snapshot()
-                r = TrialRunner(BASE)
+                r = LaneRunner(BASE)
                 r.restore(blob)
         return r
 
@@ -91,9 +91,9 @@ def test_refill__snapshot_with_lanes_at_different_progress_resumes_bit_for_bit()
 
 def test_refill__is_refused_where_lanes_cannot_be_refilled():
     with pytest.raises(ValueError, match="config_keys"):
-        TrialRunner(dataclasses.replace(BASE, config_keys=None))
-    with pytest.raises(ValueError, match="refill"):
-        TrialRunner(dataclasses.replace(BASE, chunks=None)).refill([0], [HP[3]], [13])
+        LaneRunner(dataclasses.replace(BASE, config_keys=None))
+    with pytest.raises(ValueError, match="needs chunks"):
+        LaneRunner(dataclasses.replace(BASE, chunks=None))
 
 
 # ---- the broker: Optuna's successive-halving pruner decides, stopped lanes get new proposals ----
@@ -194,7 +194,7 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
               "hidden": [16, 16]}
     plan = dataclasses.replace(plan, config=config, seeds=2, chunks=27, config_keys=[t.number for t in first],
                                lanes={**plan.lanes, "static": {"num_minibatches": "4"}, "params": points})
-    runner = TrialRunner(plan)
+    runner = LaneRunner(plan)
     lanes = LaneTrial.start(plan, runner.budget_steps)
     assert lanes.rungs == [256, 768] and runner.total_chunks == 27
     while not runner.done:

@@ -15,7 +15,7 @@ import algos
 import envs
 from algos import ppo
 from algos.pbt import Bound, PBTConfig, exploit_explore
-from harness.kernel import TrialPlan, TrialRunner, run_trial
+from harness.kernel import PbtRunner, TrialPlan, run_trial
 
 BOUNDS = (Bound("lr", 1e-4, 3e-3, True), Bound("ent_coef", 0.0, 0.05))
 C, S = 8, 2
@@ -92,7 +92,7 @@ PLAN = TrialPlan(
 
 
 def test_kernel__pbt_exploits_every_interval_without_recompiling_and_is_reproducible():
-    runner = TrialRunner(PLAN)
+    runner = PbtRunner(PLAN)
     while not runner.done:
         runner.chunk()
     result = runner.finish()
@@ -110,7 +110,7 @@ def test_kernel__pbt_exploits_every_interval_without_recompiling_and_is_reproduc
 
 def test_kernel__pbt_refuses_a_split_population():
     with pytest.raises(ValueError, match="needs the whole population in one kernel"):
-        TrialRunner(PLAN, config_batch=2)
+        PbtRunner(PLAN, config_batch=2)
 
 
 def test_kernel__a_schedule_changes_hyperparameters_between_chunks():
