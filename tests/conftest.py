@@ -59,6 +59,12 @@ def fast_compile_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "XLA_FLAGS": (env.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip()}
 
 
+def full_optimisation(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with XLA's default optimisation level (a study that runs many kernels: the smoke
+    study's final phase and ablation path took 93 s at the lowest level, 74 s at the default)."""
+    return {**env, "XLA_FLAGS": " ".join(f for f in env.get("XLA_FLAGS", "").split() if f != FAST_COMPILE)}
+
+
 @pytest.fixture(autouse=True)
 def _fast_compile_unless_slow(request):
     """Tests in this process compile with most of XLA's optimisations off (JAX reads the option
@@ -78,7 +84,10 @@ def ray_env(cache_home):
     """An environment with a private RAY_TMPDIR; afterwards, no process may still use it."""
     tmp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # keeps a site dir set
-    env = {**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": path}
+    # the studies these tests run are tiny: compiling is most of their time, as in the benchmarks' runs
+    # (the killed-worker, lanes and named-actor studies: 10-20 s less each; a test whose study runs
+    # many kernels after its search uses full_optimisation(ray_env))
+    env = fast_compile_env({**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": path})
     yield env
     deadline = time.monotonic() + 20  # Ray's processes may take a moment to exit on a loaded machine
     while (leftover := _ray_processes(tmp)) and time.monotonic() < deadline:

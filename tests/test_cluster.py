@@ -109,8 +109,8 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
         # the driver runs beside the head; 2 trials at a time (one per node), each checkpointing every chunk
         proc = subprocess.Popen(
             ["ip", "netns", "exec", c.head_ns, sys.executable, "-m", "harness.study", "cartpole_ppo",
-             "--trials", "3", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "40960", "--no-asha",
-             "--checkpoint-every", "1chunk", "--no-ablation", "--address", c.address, "--out", str(out)],
+             "--trials", "2", "--configs-per-trial", "2", "--seeds", "2", "--timesteps", "20480", "--no-asha",
+             "--checkpoint-every", "1chunk", "--top-k", "0", "--address", c.address, "--out", str(out)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=c.env, cwd=ROOT)
         try:
             deadline = time.monotonic() + 400
@@ -149,19 +149,19 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
         assert all(n.ip.is_loopback or n.ip in SUBNET or n.ip.is_link_local for n in nets), (ns, nets)
 
     records = ResultsFolder(out / "cartpole_ppo").trials()
-    assert sorted(r["trial"] for r in records) == [0, 1, 2] and {r["status"] for r in records} == {"complete"}
+    assert sorted(r["trial"] for r in records) == [0, 1] and {r["status"] for r in records} == {"complete"}
     moved = [r for r in records if r["nodes"] == [c.worker_ip, c.head_ip]]
     assert len(moved) == 1, [(r["trial"], r["nodes"]) for r in records]  # moved to the head ...
     resumed = moved[0]
     assert resumed["resumed_after_chunk"] >= 1  # ... and went on from its checkpoint, not from step 0
-    assert [row["chunk"] for row in resumed["curves"]] == list(range(1, 9))  # every chunk's curve, once
+    assert [row["chunk"] for row in resumed["curves"]] == list(range(1, 5))  # every chunk's curve, once
     assert {ip for r in records for ip in r["nodes"]} == {c.head_ip, c.worker_ip}
 
     # no configuration counted twice, in Optuna or in the reports
     storage = f"sqlite:///{out / 'cartpole_ppo' / 'optuna.db'}"
     ostudy = optuna.load_study(study_name="cartpole_ppo", storage=storage)
-    assert [t.state.name for t in ostudy.trials] == ["COMPLETE"] * 6
+    assert [t.state.name for t in ostudy.trials] == ["COMPLETE"] * 4
     numbers = [cfg["optuna_number"] for r in records for cfg in r["configs"]]
-    assert sorted(numbers) == list(range(6))
+    assert sorted(numbers) == list(range(4))
     configs = pd.read_csv(out / "cartpole_ppo" / "reports" / "configs.csv")
-    assert len(configs) == 6 and configs.config_id.is_unique
+    assert len(configs) == 4 and configs.config_id.is_unique
