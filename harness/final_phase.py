@@ -146,8 +146,10 @@ def final_plans(settings: Settings, budget: Budget, candidates: dict[str, Candid
         static = candidates[ids[0]].static
         timed = [r for r in records if r["static"] == static and r["status"] == "complete"
                  and "kernel_seconds" in r and "compile_seconds" in r]
+        # a kernel's time for one configuration's budget (a lane trial trains several budgets' worth)
+        kernel_s = [r["kernel_seconds"] * budget.timesteps / max(r["env_steps"], 1) for r in timed]
         width = final_width(len(ids), budget.configs_per_trial, rounds=rounds,
-                            kernel_s=statistics.median(r["kernel_seconds"] for r in timed) if timed else None,
+                            kernel_s=statistics.median(kernel_s) if timed else None,
                             compile_s=max(r["compile_seconds"] for r in timed) if timed else None)
         for start in range(0, len(ids), width):
             batch = ids[start:start + width]

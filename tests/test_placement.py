@@ -68,6 +68,28 @@ def test_final_width__narrow_when_it_saves_more_than_its_compile():
     assert final_width(5, 4, rounds=1, kernel_s=1.0, compile_s=100.0) == 4  # more than the width: batches of C
 
 
+def test_final_plans__a_lane_trial_is_timed_per_configuration_budget(tmp_path):
+    """A trial whose lanes were refilled trained several configurations' budgets in its kernel
+    time: the re-training width reads its time per budget, as a plain trial's."""
+    import studies
+    from harness.final_phase import Candidate, final_plans
+    from tests.driver import settings_for, small
+
+    settings = settings_for(small(studies.get("cartpole_ppo"), configs_per_trial=4), tmp_path)
+    budget = settings.budget("cpu")
+    static = {"num_minibatches": 4}
+    candidates = {f"t0000c{i}": Candidate({"lr": 1e-3}, static, {"lr": 1e-3}) for i in range(3)}
+
+    def width(**record):
+        rec = {"static": static, "status": "complete", "compile_seconds": 20.0, **record}
+        plans, _ = final_plans(settings, budget, candidates, [rec], rounds=2)
+        return {len(p.hparams) for p in plans}
+
+    plain = width(kernel_seconds=24.0, env_steps=budget.timesteps)  # 2 x 24 s wide < 20 s + 2 x 18 s narrow
+    assert plain == width(kernel_seconds=72.0, env_steps=3 * budget.timesteps) == {4}
+    assert width(kernel_seconds=72.0, env_steps=budget.timesteps) == {3}  # really 72 s a budget: narrow
+
+
 def test_parse_bytes__sizes_and_mistakes():
     assert parse_bytes("80GiB") == 80 * GiB and parse_bytes("512 MB") == 512 * 2**20
     assert parse_bytes("1e9") == 10**9
