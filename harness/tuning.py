@@ -91,14 +91,17 @@ class GuardedSearcher(Searcher):
     """``searcher`` behind the disk guard: a write to a full or read-only results disk inside its
     calls (records, Optuna's storage, inflight/) trips the guard rather than failing inside Tune,
     which logs such errors and goes on. From then on it does nothing: the trials stopped on the
-    way out are neither recorded nor told, so the next run adopts them."""
+    way out are neither recorded nor told, so the next run adopts them, and it proposes no more
+    (``FINISHED``: with no trial running, a searcher that answers None keeps Tune asking again
+    every second for up to 10 minutes before it looks at its stopper)."""
 
     def __init__(self, searcher: Searcher, guard: DiskGuard) -> None:
         super().__init__(metric=searcher.metric, mode=searcher.mode)
         self.searcher, self.guard = searcher, guard
 
-    def suggest(self, trial_id: str) -> dict | None:
-        return self.guard.call(self.searcher.suggest, trial_id)
+    def suggest(self, trial_id: str) -> dict | str | None:
+        config = self.guard.call(self.searcher.suggest, trial_id)
+        return Searcher.FINISHED if self.guard.tripped else config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         self.guard.call(self.searcher.on_trial_result, trial_id, result)

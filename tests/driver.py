@@ -65,7 +65,7 @@ class FakeTune:
         for n in range(num_samples):
             tid = f"fake{len(self.configs):03d}"
             config = searcher.suggest(tid)
-            if config is None:
+            if config is None or config == searcher.FINISHED:
                 break
             self.configs.append(config)
             if self.stop_after is not None and n + 1 >= self.stop_after:

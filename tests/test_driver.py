@@ -192,8 +192,9 @@ def test_guard__a_full_disk_in_the_searcher_stops_the_study_in_one_line_and_othe
     guard = DiskGuard(folder, "python -m harness.study x")
     inner = _Searcher(OSError(errno.ENOSPC, "No space left on device"))
     wrapped = tuning.GuardedSearcher(inner, guard)
-    assert wrapped.suggest("a") is None and guard.problem == "No space left on device"
-    assert wrapped.suggest("b") is None and inner.calls == 1  # tripped: the searcher does nothing more
+    # the search is over (a None would have Tune wait up to 10 min for a trial when none is running)
+    assert wrapped.suggest("a") == tuning.Searcher.FINISHED and guard.problem == "No space left on device"
+    assert wrapped.suggest("b") == tuning.Searcher.FINISHED and inner.calls == 1  # tripped: nothing more asked
     assert tuning.StopOnDiskError(guard).stop_all()
     err = str(guard.error())
     assert err == (f"cannot write to the results folder {tmp_path} (No space left on device); the trials "
