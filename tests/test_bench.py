@@ -35,8 +35,8 @@ TINY = {
     "env_coverage.py": (["--libraries", "gymnax", "--only", "gymnax:Catch-bsuite"],
                         "gymnax: 1/1 envs train, 0 refused with a reason, 0 fail in the kernel"),
     "brax_ppo.py": (["--timesteps", "10240", "--configs", "1"], "ratio us/brax:"),
-    "search_efficiency.py": (["--tiny", "--envs", "cartpole", "--study-seeds", "1", "--methods", "trial,lane"],
-                             "ratio configs lane/trial cartpole:"),
+    "search_efficiency.py": (["--tiny", "--envs", "cartpole", "--study-seeds", "1", "--methods", "trial,lane",
+                              "--top-k", "1"], "ratio configs lane/trial cartpole:"),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1", "--no-warm"], "ratio evals/min us/naive:"),
 }
