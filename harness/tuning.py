@@ -11,9 +11,11 @@ progress callback over :class:`~harness.progress.Progress`.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from ray import tune
@@ -63,9 +65,12 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
 
 
 def trial_error(trial: Any) -> str:
-    """What a failed Tune trial's error says (Tune's own log of it is turned off)."""
+    """What a failed Tune trial's error says (Tune's own log of it is turned off): its error file
+    in the trial's local folder, where Tune writes it before calling back (``get_error`` reads
+    the copy in storage, which comes later: a worker whose node died read "no error text")."""
     try:
-        text = trial.get_error() or ""
+        local = trial.error_file
+        text = Path(local).read_text() if local and os.path.exists(local) else trial.get_error() or ""
     except Exception:  # noqa: BLE001 - the error file may be unreadable (a full disk, say)
         text = ""
     return error_line(str(text))

@@ -138,6 +138,9 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
                 proc.kill()
                 proc.communicate()
     assert proc.returncode == 0, log
+    # the retry says what failed (Ray's word on the lost actor), not "no error text"
+    retry = [ln for ln in log.splitlines() if "retrying from its last checkpoint" in ln]
+    assert len(retry) == 1 and "The actor " in retry[0] and "no error text" not in retry[0], retry
 
     # nothing of the cluster listens outside the two namespaces, which hold loopback and the test subnet only
     assert set(socket_nets.values()) <= {head_net, worker_net}, (socket_nets, sockets)

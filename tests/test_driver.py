@@ -331,6 +331,26 @@ def test_failures__say_the_exception_and_its_message_not_the_frameworks_boilerpl
     assert error_line(f"ray.exceptions.ActorDiedError: {died}") == f"ActorDiedError: {died}"
 
 
+def test_trial_error__read_from_the_trials_local_error_file_before_storage_has_its_copy(tmp_path):
+    """Tune writes a failure to the trial's local folder, then calls back; the copy in storage
+    (what ``Trial.get_error`` reads) comes later: a trial whose node died read "no error text"."""
+    from harness.tuning import trial_error
+
+    class Trial:
+        error_file = str(tmp_path / "error.txt")
+
+        def get_error(self):
+            return None  # storage has no copy yet
+
+    (tmp_path / "error.txt").write_text("Failure # 1 (occurred at 2026-11-26)\nThe actor died unexpectedly before "
+                                        "finishing this task.\n\tclass_name: cartpole_ppo_trial\n")
+    assert trial_error(Trial()) == "class_name: cartpole_ppo_trial"  # the last line that is not boilerplate
+    (tmp_path / "error.txt").write_text("Failure # 1 (occurred at 2026-11-26)\nValueError: bad lr\n")
+    assert trial_error(Trial()) == "ValueError: bad lr"
+    Trial.error_file = None  # no local file: storage's copy
+    assert trial_error(Trial()) == "no error text"
+
+
 # -- the final phase, its kernels stood in for ------------------------------------------------------
 
 def _final_kernels(tmp_path):
