@@ -47,16 +47,18 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
 
     DiskErrorLog.install(guard)
     logging.getLogger("ray.tune.tune").addFilter(_not_incomplete_trials)
+    guarded = GuardedSearcher(searcher, guard) if searcher else None
+    seen = [TrialsSeen(guarded.trials)] if guarded else []
     tuner = tune.Tuner(
         trainable_for(settings.study.name, placement.resources),
         param_space=param_space,
-        tune_config=tune.TuneConfig(search_alg=GuardedSearcher(searcher, guard) if searcher else None,
+        tune_config=tune.TuneConfig(search_alg=guarded,
                                     scheduler=scheduler, num_samples=num_samples,
                                     max_concurrent_trials=placement.slots, reuse_actors=True,
                                     trial_dirname_creator=lambda t: folder.tune_trial_dirname(t.trial_id)),
         run_config=tune.RunConfig(
             name=folder.next_run(kind), storage_path=str(folder.tune_dir), verbose=0,
-            callbacks=[*(callbacks or []), DiskWatch(guard)], stop=StopOnDiskError(guard, halt),
+            callbacks=[*(callbacks or []), *seen, DiskWatch(guard)], stop=StopOnDiskError(guard, halt),
             failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=kind == "final", num_to_keep=2)))
     grid = tuner.fit()
@@ -103,6 +105,7 @@ class GuardedSearcher(Searcher):
     def __init__(self, searcher: Searcher, guard: DiskGuard) -> None:
         super().__init__(metric=searcher.metric, mode=searcher.mode)
         self.searcher, self.guard = searcher, guard
+        self.trials: dict[str, Any] = {}  # Tune's trials by id (TrialsSeen): a failed one's error text
 
     def suggest(self, trial_id: str) -> dict | str | None:
         config = self.guard.call(self.searcher.suggest, trial_id)
@@ -112,6 +115,10 @@ class GuardedSearcher(Searcher):
         self.guard.call(self.searcher.on_trial_result, trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        trial = self.trials.pop(trial_id, None)
+        if error and trial is not None and not (result or {}).get("error"):
+            # it failed in Tune, not in its own code (its worker or node died): Tune's error text
+            result = {**(result or {}), "error": trial_error(trial)}
         self.guard.call(self.searcher.on_trial_complete, trial_id, result=result, error=error)
 
     def get_state(self) -> dict:  # state lives in Optuna's storage and the records (Tune asks wrappers)
@@ -181,6 +188,16 @@ class PlanFeed(Searcher):
 
 
 _PENDING = object()
+
+
+class TrialsSeen(tune.Callback):
+    """Tune's trials by id, for :class:`GuardedSearcher` (a searcher sees only the ids)."""
+
+    def __init__(self, into: dict[str, Any]) -> None:
+        self.into = into
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.into[trial.trial_id] = trial
 
 
 class DiskWatch(tune.Callback):

@@ -440,6 +440,8 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
     records = ResultsFolder(root).trials()
     assert [rec["status"] for rec in records] == ["failed", "complete"]
     assert "trial 0: FAILED" in r.stdout and "Trials did not complete" not in r.stdout + r.stderr  # not Tune's
+    # its record and line say what failed (the worker died: Ray's words), as each retry's line did
+    assert "died" in records[0]["error"] and f"trial 0: FAILED: {records[0]['error']}" in r.stdout, r.stdout
     assert (tmp_path / "crash-1-0").exists() and not (tmp_path / "crash-1-1").exists()
     assert len(list(tmp_path.glob("crash-0-*"))) == 3  # first attempt + 2 retries
     assert records[1]["resumed_after_chunk"] == 1
