@@ -321,6 +321,7 @@ def terminate_as_interrupt(resume: str, grace: float = 20.0) -> Iterator[None]:
     timers: list[threading.Timer] = []
 
     def as_ctrl_c(signum: int, frame: Any) -> None:
+        _quiet_ray_monitor_stack()
         timer = threading.Timer(grace, hard_exit)
         timer.daemon, timer.name = True, "sigterm-grace"
         timers.append(timer)
@@ -342,6 +343,29 @@ def terminate_as_interrupt(resume: str, grace: float = 20.0) -> Iterator[None]:
         for timer in timers:
             timer.cancel()
             timer.join()
+
+
+def _quiet_ray_monitor_stack() -> None:
+    """Ray's autoscaler monitor, stopped by the same group signal, publishes its Python stack to
+    the driver ("(raylet) The autoscaler failed with the following error: Terminated with signal
+    15 ..."): the study's own stop, not a failure, so the driver no longer prints that message.
+    Every other message Ray sends still prints."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    printer = worker.print_to_stdstream
+    if getattr(printer, "_rl_harness_quiet", False):
+        return
+
+    def quiet(data: dict, ignore_prefix: bool) -> None:
+        lines = data.get("lines") or []
+        if data.get("pid") == "raylet" and any("Terminated with signal" in line for line in lines):
+            return
+        printer(data, ignore_prefix)
+
+    quiet._rl_harness_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = quiet
 
 
 def cache_dir() -> str:

@@ -162,15 +162,38 @@ def device_memory() -> int | None:
 
 
 def _nvidia_free() -> int | None:
+    return _nvidia_query("memory.free")
+
+
+def _nvidia_total() -> int | None:
+    return _nvidia_query("memory.total")
+
+
+def _nvidia_query(field: str) -> int | None:
+    """``nvidia-smi``'s figure in MiB for this process's first GPU, as bytes; None without one."""
     if not shutil.which("nvidia-smi"):
         return None
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits",
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits",
                               "-i", gpu], capture_output=True, text=True, timeout=20, check=True).stdout
         return int(float(out.split()[0]) * 2**20)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
+
+
+def probe_failure(err: BaseException) -> str:
+    """One line for a device that failed while the shapes were measured (out of memory in XLA's
+    autotuner, a GPU JAX cannot open): the error's own words, and where another process holds
+    the GPU's memory, how much is free and the usual cause."""
+    words = " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip())
+    words = words if len(words) <= 400 else words[:400] + " ..."
+    held = ""
+    free, total = _nvidia_free(), _nvidia_total()
+    if free is not None and total and free < total / 2:
+        held = (f" (the GPU has {fmt_bytes(free)} of {fmt_bytes(total)} free: another process holds the rest; "
+                "a JAX process takes 75% of a GPU unless it runs with XLA_PYTHON_CLIENT_PREALLOCATE=false)")
+    return f"measuring the trial shapes on the device failed{held}: {type(err).__name__}: {words}"
 
 
 def probe(plans: dict[str, Any], device_bytes: int | None, names: dict[str, str]) -> dict[str, Fit] | None:

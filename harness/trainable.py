@@ -82,7 +82,7 @@ def probe_shapes(plans: dict[str, dict[str, Any]], names: dict[str, str], device
     import dataclasses
 
     from harness.kernel import TrialPlan
-    from harness.placement import probe
+    from harness.placement import probe, probe_failure
     from harness.space import StudyError
 
     # the whole GPU, whatever share a trial gets: the device's memory is what is measured
@@ -91,6 +91,8 @@ def probe_shapes(plans: dict[str, dict[str, Any]], names: dict[str, str], device
         fits = probe({k: TrialPlan(**v) for k, v in plans.items()}, device_bytes, names)
     except StudyError as err:
         return str(err)
+    except Exception as err:  # the device failed (its memory held elsewhere, no usable GPU): one line
+        return probe_failure(err)
     return None if fits is None else {k: dataclasses.asdict(f) for k, f in fits.items()}
 
 

@@ -4,8 +4,10 @@ final phase (its kernels stood in for), the summary, and the CLI's handling of C
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import io
 import json
 import logging
 import os
@@ -482,6 +484,16 @@ def test_cluster__sigterm_during_a_study_does_what_ctrl_c_does():
         signal.signal(signal.SIGINT, before)
     assert seen == [signal.SIGINT]
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # given back after the study
+    # Ray's monitor, stopped by the same signal, publishes its stack to the driver: not printed
+    from ray._private import worker
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        worker.print_to_stdstream({"lines": ["The autoscaler failed with the following error:\nTerminated with "
+                                             "signal 15\n  File monitor.py"], "pid": "raylet", "is_err": False},
+                                  ignore_prefix=False)
+        worker.print_to_stdstream({"lines": ["a worker died"], "pid": "raylet", "is_err": False},
+                                  ignore_prefix=False)
+    assert "Terminated" not in out.getvalue() and "a worker died" in out.getvalue()
     assert not any(t.name == "sigterm-grace" and t.is_alive() for t in threading.enumerate())
 
 

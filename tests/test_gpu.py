@@ -71,8 +71,10 @@ def test_gpu__stated_device_too_small_for_the_shape_splits_it(tmp_path, ray_env)
 
 
 def test_gpu__shape_that_cannot_fit_is_one_line_before_any_trial(tmp_path, ray_env):
-    r = _study_bare("snake_ppo", "--smoke", "--out", str(tmp_path), "--device-memory", "600MiB", ray_env=ray_env)
-    _one_error_line(r, "study snake_ppo, 2 configs x 2 seeds: one configuration needs ")
+    # 600 MiB leaves 28 MiB beside a process's CUDA context; one configuration at 64 seeds needs more
+    r = _study_bare("snake_ppo", "--smoke", "--seeds", "64", "--out", str(tmp_path), "--device-memory", "600MiB",
+                    ray_env=ray_env)
+    _one_error_line(r, "study snake_ppo, 2 configs x 64 seeds: one configuration needs ")
     assert not (tmp_path / "snake_ppo-smoke" / "trials").exists()
 
 

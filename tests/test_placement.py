@@ -46,6 +46,29 @@ def test_fit__a_shape_too_large_for_the_device_runs_in_sub_batches_that_fit():
     assert len(calls) <= 5
 
 
+def test_probe__a_device_that_fails_while_measuring_is_one_line_naming_the_error_and_the_held_memory(
+        monkeypatch):
+    # as seen on an H200 shared with a JAX process that had preallocated: XLA's autotuner ran out
+    import harness.placement as placement
+    from harness.trainable import probe_shapes
+
+    def oom(*_):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Failed to get configs for: 3 out of 145 instructions. "
+                           "Example failure: \nOut of memory while trying to allocate 16.00MiB\n")
+
+    monkeypatch.setattr(placement, "probe", oom)
+    monkeypatch.setattr(placement, "_nvidia_query", lambda f: {"memory.free": 8, "memory.total": 140}[f] * GiB)
+    msg = probe_shapes({}, {}, None, {})
+    assert isinstance(msg, str) and "\n" not in msg
+    assert msg.startswith("measuring the trial shapes on the device failed (the GPU has 8.00 GiB of 140.00 GiB "
+                          "free: another process holds the rest;")
+    assert msg.endswith("RuntimeError: RESOURCE_EXHAUSTED: Failed to get configs for: 3 out of 145 instructions. "
+                        "Example failure: Out of memory while trying to allocate 16.00MiB")
+    monkeypatch.setattr(placement, "_nvidia_query", lambda f: None)  # no nvidia-smi: the error alone
+    msg = probe_shapes({}, {}, None, {})
+    assert msg.startswith("measuring the trial shapes on the device failed: RuntimeError")
+
+
 def test_fit__one_configuration_that_cannot_fit_is_one_clear_error():
     with pytest.raises(StudyError) as err:
         fit(_linear(30 * GiB, 1 * GiB, 2**20, []), 32, 16 * GiB, shape="study x (network=transformer)")
