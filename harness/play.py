@@ -59,7 +59,7 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     import envs
     from algos.common import evaluate_policy
     from harness.kernel import TrialPlan, build_config, keys_for, make_algo
-    from harness.render import RENDERERS, RenderError, brax_frames, use_offscreen_gl
+    from harness.render import RENDERERS, use_offscreen_gl
 
     policy, path = _choose(Path(root), config, seed)
     robot = policy["env"].startswith("brax:")  # drawn from its states by MuJoCo, not from observations
@@ -71,17 +71,31 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     cfg = build_config(policy["algo"], policy["config"])
     algo = make_algo(policy["env"], policy["algo"], cfg)
     env, env_params = envs.make(policy["env"])
-    act = jax.jit(algo.act)
     info = next(s for s in policy["seeds"] if s["seed"] == seed)
     eval_key = keys_for(TrialPlan(**info["plan"]))[1][info["config_index"], info["seed_index"]]
     again = evaluate_policy(env, env_params, lambda o, m, k: algo.act(params, o, m, k), eval_key,
                             cfg.eval_episodes)
 
+    frames_obs, returns, states = _episode(env, env_params, jax.jit(algo.act), params, episode_seed,
+                                           keep_states=gif is not None and robot)
+    frames = [] if gif is None else _write_gif(gif, policy, env, env_params, frames_obs, returns, states, robot)
+    return {"config_id": policy["config_id"], "seed": seed, "saved_eval": info["score"],
+            "eval": float(again.return_mean), "episode_return": returns[-1], "steps": len(returns) - 1,
+            "frames": len(frames)}
+
+
+def _episode(env: Any, env_params: Any, act: Any, params: Any, episode_seed: int, *,
+             keep_states: bool) -> tuple[list[Any], list[float], list[Any]]:
+    """One episode from ``episode_seed``: the observation before each step and the last one
+    (``final_obs``), the return so far at each of them, and (``keep_states``) the env states
+    before each step (a robot is drawn from its states, not its observations)."""
+    import jax
+
     step = jax.jit(env.step)
     key = jax.random.key(episode_seed)
     obs, state = env.reset(jax.random.fold_in(key, 0), env_params)
     frames_obs, returns, total, t = [jax.device_get(obs)], [0.0], 0.0, 0
-    states = [jax.device_get(state)] if gif is not None and robot else []
+    states = [jax.device_get(state)] if keep_states else []
     while True:
         k_env, k_act = jax.random.split(jax.random.fold_in(key, t + 1))  # k_act: a policy that samples
         s = step(k_env, state, act(params, obs, env.action_mask(state, env_params), k_act), env_params)
@@ -89,30 +103,35 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
         frames_obs.append(jax.device_get(s.final_obs))
         returns.append(total)
         if bool(s.done):
-            break
+            return frames_obs, returns, states
         obs, state = s.obs, s.state
-        if gif is not None and robot:
+        if keep_states:
             states.append(jax.device_get(state))
-    frames: list[Any] = []
-    if gif is not None:
-        from PIL import ImageDraw
 
-        if robot:  # the states before the last step (the episode's end resets the state), <= 200 frames
-            steps_shown = range(0, len(states), max(1, -(-len(states) // 200)))
-            try:
-                frames = brax_frames(env, [states[i] for i in steps_shown])
-            except RenderError as err:
-                raise PlayError(str(err)) from None
-        else:
-            frames = [RENDERERS[policy["env"]](o, env_params) for o in frames_obs]
-            steps_shown = range(len(frames))
-        for img, i in zip(frames, steps_shown, strict=False):
-            # the caption also keeps every frame distinct (GIF writers merge identical frames)
-            ImageDraw.Draw(img).text((6, 4), f"{policy['config_id']}  t={i}  return={returns[i]:.1f}",
-                                     fill="black" if not robot else "white")
-        frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
-    return {"config_id": policy["config_id"], "seed": seed, "saved_eval": info["score"],
-            "eval": float(again.return_mean), "episode_return": total, "steps": t, "frames": len(frames)}
+
+def _write_gif(gif: Path, policy: dict[str, Any], env: Any, env_params: Any, frames_obs: list[Any],
+               returns: list[float], states: list[Any], robot: bool) -> list[Any]:
+    """Draws the episode (a robot by MuJoCo from its states, at most 200 frames; a grid or
+    CartPole from its observations), captions each frame, writes the GIF; returns the frames."""
+    from PIL import ImageDraw
+
+    from harness.render import RENDERERS, RenderError, brax_frames
+
+    if robot:  # the states before the last step (the episode's end resets the state), <= 200 frames
+        steps_shown = range(0, len(states), max(1, -(-len(states) // 200)))
+        try:
+            frames = brax_frames(env, [states[i] for i in steps_shown])
+        except RenderError as err:
+            raise PlayError(str(err)) from None
+    else:
+        frames = [RENDERERS[policy["env"]](o, env_params) for o in frames_obs]
+        steps_shown = range(len(frames))
+    for img, i in zip(frames, steps_shown, strict=False):
+        # the caption also keeps every frame distinct (GIF writers merge identical frames)
+        ImageDraw.Draw(img).text((6, 4), f"{policy['config_id']}  t={i}  return={returns[i]:.1f}",
+                                 fill="black" if not robot else "white")
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
+    return frames
 
 
 def main(argv: list[str] | None = None) -> int:
