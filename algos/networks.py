@@ -25,6 +25,9 @@ def _orthonormal_columns_lapack(z: jax.Array) -> jax.Array:
     return q * jnp.sign(jnp.diagonal(r))[None, :]
 
 
+_EXACT = jax.lax.Precision.HIGHEST  # float32 products on a GPU (its default may use TF32: 1e-3 off)
+
+
 def _orthonormal_columns_householder(z: jax.Array) -> jax.Array:
     """The same ``Q`` (to float rounding) by Householder reflections in plain jnp: ``n`` steps of
     matrix-vector work that ``vmap`` batches, where the solver's QR is one call per matrix. On a
@@ -39,12 +42,15 @@ def _orthonormal_columns_householder(z: jax.Array) -> jax.Array:
         alpha = -jnp.where(x[j] < 0, -1.0, 1.0) * jnp.linalg.norm(x)  # R[j, j]: no cancellation
         v = x.at[j].add(-alpha)
         v = v / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(z.dtype).tiny)
-        r = r - 2.0 * jnp.outer(v, v @ r)
+        r = r - 2.0 * jnp.outer(v, jnp.dot(v, r, precision=_EXACT))
         return r, vs.at[j].set(v), signs.at[j].set(jnp.where(alpha < 0, -1.0, 1.0))
 
     _, vs, signs = jax.lax.fori_loop(0, n, reflect, (z, jnp.zeros((n, m), z.dtype), jnp.ones(n, z.dtype)))
-    q = jax.lax.fori_loop(0, n, lambda i, q: q - 2.0 * jnp.outer(vs[n - 1 - i], vs[n - 1 - i] @ q),
-                          jnp.eye(m, n, dtype=z.dtype))  # H_1 ... H_n applied to I[:, :n]
+    def apply(i: jax.Array, q: jax.Array) -> jax.Array:  # H_1 ... H_n applied to I[:, :n], last first
+        v = vs[n - 1 - i]
+        return q - 2.0 * jnp.outer(v, jnp.dot(v, q, precision=_EXACT))
+
+    q = jax.lax.fori_loop(0, n, apply, jnp.eye(m, n, dtype=z.dtype))
     return q * signs
 
 

@@ -321,7 +321,6 @@ def terminate_as_interrupt(resume: str, grace: float = 20.0) -> Iterator[None]:
     timers: list[threading.Timer] = []
 
     def as_ctrl_c(signum: int, frame: Any) -> None:
-        _quiet_ray_monitor_stack()
         timer = threading.Timer(grace, hard_exit)
         timer.daemon, timer.name = True, "sigterm-grace"
         timers.append(timer)
@@ -335,6 +334,7 @@ def terminate_as_interrupt(resume: str, grace: float = 20.0) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _quiet_ray_monitor_stack()  # now: the monitor's message may come before this handler runs
     previous = signal.signal(signal.SIGTERM, as_ctrl_c)
     try:
         yield
@@ -346,10 +346,11 @@ def terminate_as_interrupt(resume: str, grace: float = 20.0) -> Iterator[None]:
 
 
 def _quiet_ray_monitor_stack() -> None:
-    """Ray's autoscaler monitor, stopped by the same group signal, publishes its Python stack to
-    the driver ("(raylet) The autoscaler failed with the following error: Terminated with signal
-    15 ..."): the study's own stop, not a failure, so the driver no longer prints that message.
-    Every other message Ray sends still prints."""
+    """Ray's autoscaler monitor, stopped by a group signal (the one that stops the study),
+    publishes its Python stack to the driver ("(raylet) The autoscaler failed with the following
+    error: Terminated with signal 15 ..."): a stop, not a failure, so the driver does not print
+    that message. Installed when the study starts (the message can arrive before the driver's own
+    handler runs); every other message Ray sends still prints."""
     try:
         from ray._private import worker
     except ImportError:

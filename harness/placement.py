@@ -191,8 +191,8 @@ def probe_failure(err: BaseException) -> str:
     held = ""
     free, total = _nvidia_free(), _nvidia_total()
     if free is not None and total and free < total / 2:
-        held = (f" (the GPU has {fmt_bytes(free)} of {fmt_bytes(total)} free: another process holds the rest; "
-                "a JAX process takes 75% of a GPU unless it runs with XLA_PYTHON_CLIENT_PREALLOCATE=false)")
+        held = (f" (the GPU has {fmt_bytes(free)} of {fmt_bytes(total)} free; another JAX process on it takes "
+                "75% of it unless it runs with XLA_PYTHON_CLIENT_PREALLOCATE=false)")
     return f"measuring the trial shapes on the device failed{held}: {type(err).__name__}: {words}"
 
 

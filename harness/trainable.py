@@ -91,7 +91,7 @@ def probe_shapes(plans: dict[str, dict[str, Any]], names: dict[str, str], device
         fits = probe({k: TrialPlan(**v) for k, v in plans.items()}, device_bytes, names)
     except StudyError as err:
         return str(err)
-    except Exception as err:  # the device failed (its memory held elsewhere, no usable GPU): one line
+    except RuntimeError as err:  # the device failed (XLA/CUDA: out of memory, no usable GPU): one line
         return probe_failure(err)
     return None if fits is None else {k: dataclasses.asdict(f) for k, f in fits.items()}
 
