@@ -1,7 +1,7 @@
 """How many configurations a study evaluates for its env steps, and how good its answer is:
 lane-level successive halving against today's trial-level ASHA and TPE without early stopping.
 
-    python bench/search_efficiency.py [--envs cartpole,dungeon,acrobot] [--study-seeds 3] [--tiny]
+    python bench/search_efficiency.py [--envs cartpole,dungeon,acrobot] [--study-seeds 3] [--first-seed 0] [--tiny]
                                       [--timesteps N] [--top-k 3] [--methods tpe,trial,lane]
 
 For each env and study seed, three studies through ``python -m harness.study`` (embedded Ray,
@@ -120,6 +120,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--envs", default="cartpole,dungeon,acrobot")
     p.add_argument("--study-seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="the first study seed (more seeds on top of an earlier run)")
     p.add_argument("--top-k", type=int, default=3, help="configurations re-trained on fresh seeds (default 3)")
     p.add_argument("--tiny", action="store_true", help="a tiny budget (the test suite's run)")
     p.add_argument("--timesteps", type=int, help="env steps per configuration (default: each env's budget)")
@@ -135,7 +136,7 @@ def main() -> None:
         for env in names:
             budget = budget_of(env, args)
             rows[env] = {m: [] for m in methods}
-            for seed in range(args.study_seeds):
+            for seed in range(args.first_seed, args.first_seed + args.study_seeds):
                 path = study_file(Path(tmp), env, seed, args.top_k)
                 for method in methods:
                     b = dict(budget)
