@@ -120,7 +120,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--envs", default="cartpole,dungeon,acrobot")
     p.add_argument("--study-seeds", type=int, default=3)
-    p.add_argument("--first-seed", type=int, default=0, help="the first study seed (more seeds on top of an earlier run)")
+    p.add_argument("--first-seed", type=int, default=0, help="the first study seed (to add seeds)")
     p.add_argument("--top-k", type=int, default=3, help="configurations re-trained on fresh seeds (default 3)")
     p.add_argument("--tiny", action="store_true", help="a tiny budget (the test suite's run)")
     p.add_argument("--timesteps", type=int, help="env steps per configuration (default: each env's budget)")

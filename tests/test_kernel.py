@@ -34,7 +34,7 @@ def test_config_groups__cover_every_configuration_once():
     assert sum(config_groups(64, 7), []) == list(range(64))
 
 
-@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("batch", [2, 3])  # widths 2, 2, 1 and 3, 2 (a width of 1 alone proved nothing more)
 def test_runner__sub_batches_give_the_results_of_one_batch(batch):
     whole = run_trial(PLAN)
     split = run_trial(PLAN, config_batch=batch)
