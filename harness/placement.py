@@ -156,17 +156,9 @@ def device_memory() -> int | None:
         return None
     stats = dev.memory_stats() or {}
     limit = stats.get("bytes_limit")
-    free = _nvidia_free()
+    free = _nvidia_query("memory.free")
     known = [v for v in (limit, free) if v]
     return min(known) if known else None
-
-
-def _nvidia_free() -> int | None:
-    return _nvidia_query("memory.free")
-
-
-def _nvidia_total() -> int | None:
-    return _nvidia_query("memory.total")
 
 
 def _nvidia_query(field: str) -> int | None:
@@ -189,7 +181,7 @@ def probe_failure(err: BaseException) -> str:
     words = " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip())
     words = words if len(words) <= 400 else words[:400] + " ..."
     held = ""
-    free, total = _nvidia_free(), _nvidia_total()
+    free, total = _nvidia_query("memory.free"), _nvidia_query("memory.total")
     if free is not None and total and free < total / 2:
         held = (f" (the GPU has {fmt_bytes(free)} of {fmt_bytes(total)} free; another JAX process on it takes "
                 "75% of it unless it runs with XLA_PYTHON_CLIENT_PREALLOCATE=false)")

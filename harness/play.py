@@ -13,12 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 
 class PlayError(Exception):
     """A user mistake: one line, exit status 2."""
+
+
+@dataclass
+class Episode:
+    """One played episode: the observation before each step and the last one (``final_obs``),
+    the return so far at each of them, and (for a robot) the env states before each step."""
+
+    obs: list[Any] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    states: list[Any] = field(default_factory=list)
 
 
 def _choose(root: Path, config: str | None, seed: int) -> tuple[dict[str, Any], Path]:
@@ -76,47 +87,47 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     again = evaluate_policy(env, env_params, lambda o, m, k: algo.act(params, o, m, k), eval_key,
                             cfg.eval_episodes)
 
-    frames_obs, returns, states = _episode(env, env_params, jax.jit(algo.act), params, episode_seed,
-                                           keep_states=gif is not None and robot)
-    frames = [] if gif is None else _write_gif(gif, policy, env, env_params, frames_obs, returns, states, robot)
+    episode = _episode(env, env_params, jax.jit(algo.act), params, episode_seed,
+                       keep_states=gif is not None and robot)
+    frames = [] if gif is None else _write_gif(gif, policy, env, env_params, episode)
     return {"config_id": policy["config_id"], "seed": seed, "saved_eval": info["score"],
-            "eval": float(again.return_mean), "episode_return": returns[-1], "steps": len(returns) - 1,
-            "frames": len(frames)}
+            "eval": float(again.return_mean), "episode_return": episode.returns[-1],
+            "steps": len(episode.returns) - 1, "frames": len(frames)}
 
 
 def _episode(env: Any, env_params: Any, act: Any, params: Any, episode_seed: int, *,
-             keep_states: bool) -> tuple[list[Any], list[float], list[Any]]:
-    """One episode from ``episode_seed``: the observation before each step and the last one
-    (``final_obs``), the return so far at each of them, and (``keep_states``) the env states
-    before each step (a robot is drawn from its states, not its observations)."""
+             keep_states: bool) -> Episode:
+    """One episode from ``episode_seed``, its env states kept with ``keep_states`` (a robot is
+    drawn from its states, not its observations)."""
     import jax
 
     step = jax.jit(env.step)
     key = jax.random.key(episode_seed)
     obs, state = env.reset(jax.random.fold_in(key, 0), env_params)
-    frames_obs, returns, total, t = [jax.device_get(obs)], [0.0], 0.0, 0
-    states = [jax.device_get(state)] if keep_states else []
+    ep, total, t = Episode([jax.device_get(obs)], [0.0]), 0.0, 0
+    if keep_states:
+        ep.states.append(jax.device_get(state))
     while True:
         k_env, k_act = jax.random.split(jax.random.fold_in(key, t + 1))  # k_act: a policy that samples
         s = step(k_env, state, act(params, obs, env.action_mask(state, env_params), k_act), env_params)
         total, t = total + float(s.reward), t + 1
-        frames_obs.append(jax.device_get(s.final_obs))
-        returns.append(total)
+        ep.obs.append(jax.device_get(s.final_obs))
+        ep.returns.append(total)
         if bool(s.done):
-            return frames_obs, returns, states
+            return ep
         obs, state = s.obs, s.state
         if keep_states:
-            states.append(jax.device_get(state))
+            ep.states.append(jax.device_get(state))
 
 
-def _write_gif(gif: Path, policy: dict[str, Any], env: Any, env_params: Any, frames_obs: list[Any],
-               returns: list[float], states: list[Any], robot: bool) -> list[Any]:
+def _write_gif(gif: Path, policy: dict[str, Any], env: Any, env_params: Any, episode: Episode) -> list[Any]:
     """Draws the episode (a robot by MuJoCo from its states, at most 200 frames; a grid or
     CartPole from its observations), captions each frame, writes the GIF; returns the frames."""
     from PIL import ImageDraw
 
     from harness.render import RENDERERS, RenderError, brax_frames
 
+    robot, states = policy["env"].startswith("brax:"), episode.states
     if robot:  # the states before the last step (the episode's end resets the state), <= 200 frames
         steps_shown = range(0, len(states), max(1, -(-len(states) // 200)))
         try:
@@ -124,11 +135,11 @@ def _write_gif(gif: Path, policy: dict[str, Any], env: Any, env_params: Any, fra
         except RenderError as err:
             raise PlayError(str(err)) from None
     else:
-        frames = [RENDERERS[policy["env"]](o, env_params) for o in frames_obs]
+        frames = [RENDERERS[policy["env"]](o, env_params) for o in episode.obs]
         steps_shown = range(len(frames))
     for img, i in zip(frames, steps_shown, strict=False):
         # the caption also keeps every frame distinct (GIF writers merge identical frames)
-        ImageDraw.Draw(img).text((6, 4), f"{policy['config_id']}  t={i}  return={returns[i]:.1f}",
+        ImageDraw.Draw(img).text((6, 4), f"{policy['config_id']}  t={i}  return={episode.returns[i]:.1f}",
                                  fill="black" if not robot else "white")
     frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
     return frames
