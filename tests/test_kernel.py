@@ -34,7 +34,9 @@ def test_config_groups__cover_every_configuration_once():
     assert sum(config_groups(64, 7), []) == list(range(64))
 
 
-@pytest.mark.parametrize("batch", [2, 3])  # widths 2, 2, 1 and 3, 2 (a width of 1 alone proved nothing more)
+# sub-batches of 2 and 3 (the last one padded to the width); width 1 (22 s) is no longer compared here:
+# -m extended's sub-batch study trains in sub-batches of 1, without this equality check
+@pytest.mark.parametrize("batch", [2, 3])
 def test_runner__sub_batches_give_the_results_of_one_batch(batch):
     whole = run_trial(PLAN)
     split = run_trial(PLAN, config_batch=batch)

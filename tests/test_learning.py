@@ -58,8 +58,10 @@ def test_sac__swings_up_pendulum_on_every_seed_within_20k_steps():
     assert (returns >= -200).all(), returns
 
 
-@pytest.mark.extended  # 67 s on 2 cores: SAC learning is proven by the Pendulum test above, the env by
-def test_sac__balances_continuous_cartpole_on_every_seed():  # test_envs (CartPole with a scaled force)
+# in -m extended (67 s on 2 cores): SAC's learning is proven by the Pendulum test above, this env's
+# dynamics by test_envs (CartPole with a scaled force)
+@pytest.mark.extended
+def test_sac__balances_continuous_cartpole_on_every_seed():
     env, params = envs.make("ContinuousCartPole-v1")
     config = sac.SACConfig(hidden=(64, 64), batch_size=128, total_timesteps=60_000,
                            steps_per_chunk=500)
