@@ -27,9 +27,14 @@ class Episode:
     """One played episode: the observation before each step and the last one (``final_obs``),
     the return so far at each of them, and (for a robot) the env states before each step."""
 
-    obs: list[Any] = field(default_factory=list)
-    returns: list[float] = field(default_factory=list)
+    obs: list[Any]
+    returns: list[float]
     states: list[Any] = field(default_factory=list)
+
+
+def _robot(env_id: str) -> bool:
+    """A Brax robot is drawn from its env states by MuJoCo, not from its observations."""
+    return env_id.startswith("brax:")
 
 
 def _choose(root: Path, config: str | None, seed: int) -> tuple[dict[str, Any], Path]:
@@ -73,7 +78,7 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     from harness.render import RENDERERS, use_offscreen_gl
 
     policy, path = _choose(Path(root), config, seed)
-    robot = policy["env"].startswith("brax:")  # drawn from its states by MuJoCo, not from observations
+    robot = _robot(policy["env"])
     if gif is not None and policy["env"] not in RENDERERS and not robot:
         raise PlayError(f"no renderer for {policy['env']}; renderers: {', '.join(RENDERERS)} and brax:*")
     if gif is not None and robot:
@@ -127,7 +132,7 @@ def _write_gif(gif: Path, policy: dict[str, Any], env: Any, env_params: Any, epi
 
     from harness.render import RENDERERS, RenderError, brax_frames
 
-    robot, states = policy["env"].startswith("brax:"), episode.states
+    robot, states = _robot(policy["env"]), episode.states
     if robot:  # the states before the last step (the episode's end resets the state), <= 200 frames
         steps_shown = range(0, len(states), max(1, -(-len(states) // 200)))
         try:
