@@ -111,7 +111,7 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
             ctx = ray.init(address=address, **kwargs)
         else:
             ctx = _init_embedded(ray, num_cpus=usable_cores(), _node_ip_address="127.0.0.1",
-                                 dashboard_host="127.0.0.1", include_dashboard=True,
+                                 dashboard_host="127.0.0.1", include_dashboard=_dashboard_wanted(),
                                  _metrics_export_port=metrics_port, **kwargs)
     except ClusterError:
         raise
@@ -121,6 +121,15 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
     url = getattr(ctx, "dashboard_url", None)
     dashboard = f"http://{url}" if url and not url.startswith("http") else url
     return dashboard, None if address else f"http://127.0.0.1:{metrics_port}/metrics"
+
+
+def _dashboard_wanted() -> bool:
+    """The embedded Ray's dashboard, unless ``RL_HARNESS_DASHBOARD=0`` (it costs about 3 s of CPU
+    per start: the test suite's many short studies go without it)."""
+    value = os.environ.get("RL_HARNESS_DASHBOARD", "1")
+    if value not in ("0", "1"):
+        raise ClusterError(f"RL_HARNESS_DASHBOARD must be 0 or 1, not {value!r}")
+    return value == "1"
 
 
 def _init_embedded(ray: Any, **kwargs: Any) -> Any:

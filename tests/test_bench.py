@@ -54,7 +54,8 @@ def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script, cache_hom
     from tests.conftest import fast_compile_env
 
     env = fast_compile_env({**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-                            "XDG_CACHE_HOME": cache_home})  # the run's compile cache, not the user's
+                            "XDG_CACHE_HOME": cache_home,  # the run's compile cache, not the user's
+                            "RL_HARNESS_DASHBOARD": "0"})  # Ray without its dashboard (tests/conftest.py)
     env.pop("PYTHONPATH", None)  # as a user runs it: the package comes from the installed project
     r = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)

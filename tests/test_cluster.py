@@ -78,7 +78,7 @@ def two_node_cluster(ray_env: dict[str, str], cwd: Path) -> Iterator[Cluster]:
             _ip("-n", ns, "link", "set", dev, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
         common = ["--num-cpus", "1", "--disable-usage-stats"]
-        for ns, args in ((head_ns, ["--head", "--port", "6379", "--dashboard-host", "127.0.0.1"]),
+        for ns, args in ((head_ns, ["--head", "--port", "6379", "--include-dashboard=false"]),
                          (worker_ns, ["--address", cluster.address])):
             ip = head_ip if ns == head_ns else worker_ip
             r = cluster.run(ns, ray, "start", "--node-ip-address", ip, *args, *common, cwd=cwd)

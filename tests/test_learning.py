@@ -89,6 +89,10 @@ def test_ppo__acrobot_from_gymnax_reaches_minus_100_on_every_seed_within_500k_st
     assert (returns >= -100).all(), returns
 
 
+# in -m extended (32 s in the suite): continuous PPO's learning is proven by the Brax pendulum
+# (tests/test_locomotion.py: observation normalisation, tanh squashing), a gymnax env's by Acrobot
+# above, and every gymnax env's path through the kernel by tests/test_coverage.py
+@pytest.mark.extended
 def test_ppo__mountain_car_continuous_from_gymnax_reaches_80_on_every_seed_within_500k_steps():
     pytest.importorskip("gymnax")
     env, params = envs.make("gymnax:MountainCarContinuous-v0")  # published, tuned: about 92
@@ -131,6 +135,9 @@ def _random_policy_apples(env, params, episodes=1024):
     return float(apples.mean())
 
 
+# in -m extended (54 s in the suite): PPO's learning on Snake is proven by the transformer test
+# below, the MLP's on a masked grid game by the dungeon test
+@pytest.mark.extended
 def test_ppo__mlp_eats_five_apples_on_snake_6x6_on_every_seed_within_2m_steps():
     env, params = envs.make("Snake-v1", size=6)
     config = _snake_config(total_timesteps=600_000, updates_per_chunk=73, eval_episodes=32)

@@ -157,6 +157,22 @@ def test_cluster__a_local_ray_that_never_starts_is_one_line_not_a_traceback(monk
             p.wait()
 
 
+def test_cluster__the_embedded_ray_has_its_dashboard_unless_told_otherwise(monkeypatch):
+    from harness import cluster
+
+    calls, _ = _timed_out_start(monkeypatch, times=0)
+    for value, wanted in ((None, True), ("1", True), ("0", False)):
+        if value is None:
+            os.environ.pop("RL_HARNESS_DASHBOARD", None)
+        else:
+            os.environ["RL_HARNESS_DASHBOARD"] = value
+        dashboard, _ = cluster.start(None)
+        assert calls[-1]["include_dashboard"] is wanted
+    os.environ["RL_HARNESS_DASHBOARD"] = "off"
+    with pytest.raises(cluster.ClusterError, match=r"^RL_HARNESS_DASHBOARD must be 0 or 1, not 'off'$"):
+        cluster.start(None)
+
+
 @pytest.mark.parametrize("chunks", [3, 4, 10, 24, 25, 50])
 def test_asha__one_rung_in_the_middle_of_a_trial(chunks):
     from ray.tune.schedulers import ASHAScheduler
@@ -609,7 +625,7 @@ def test_study__runs_on_an_existing_ray_cluster_whose_node_has_only_the_dependen
     write_side_study(tmp_path)  # a study file with its env in a module beside it, neither installed anywhere
     ray = str(Path(sys.executable).parent / "ray")
     subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                    "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--disable-usage-stats"],
+                    "--include-dashboard=false", "--num-cpus", "2", "--disable-usage-stats"],
                    check=True, env=node_env, capture_output=True, timeout=120, cwd=tmp_path)
     try:
         r = _study(str(tmp_path / "side_study.py"), "--smoke", "--trials", "1", "--no-ablation",
@@ -643,7 +659,7 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
     import urllib.request
 
     port = _free_port()
-    env = {**ray_env, "RL_HARNESS_METRICS_PORT": str(port)}
+    env = {**ray_env, "RL_HARNESS_METRICS_PORT": str(port), "RL_HARNESS_DASHBOARD": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "harness.study", "cartpole_ppo", *TINY, "--trials", "2",
                              "--timesteps", "3000000", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
