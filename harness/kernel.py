@@ -249,7 +249,6 @@ class TrialRunner:
     did not fit, and raises :class:`OutOfMemory` when one configuration does not fit.
     """
 
-    lanes = False  # LaneRunner: lanes refilled with new configurations
     one_kernel = False  # PbtRunner and LaneRunner: every configuration in one kernel, never split
 
     def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
@@ -267,9 +266,6 @@ class TrialRunner:
         self.configs = len(plan.hparams)
         self.runs = self.configs * plan.seeds
         self.total_chunks = plan.chunks or self.config.num_chunks
-        self.lane_ids = list(plan.config_keys or [])  # each lane's configuration key (LaneRunner.refill)
-        self.lane_start = [0] * self.configs  # the chunk (0-based) where each lane's configuration began
-        self._lane_steps = np.zeros(self.configs, np.int64)  # env steps per seed of each lane's configuration
         self.compile_s, self.kernel_s, self.steps = 0.0, 0.0, 0
         self.curves: list[ChunkReport] = []
         self.restored_chunks = 0  # chunks that came from a snapshot (restore) rather than this process
@@ -318,13 +314,17 @@ class TrialRunner:
 
         out = []
         for g, idx in enumerate(self.groups):  # every sub-batch is dispatched before any is waited on
-            ks = np.array([k - self.lane_start[i] for i in idx + [idx[0]] * (self.batch - len(idx))], np.int32)
+            ks = self._chunk_numbers(k, idx + [idx[0]] * (self.batch - len(idx)))
             self.states[g], m, ev = self._chunk(self.states[g], self.hps[g], self.group_eval_keys[g], ks)
             out.append((m, ev))
         if k + 1 in self.schedule:  # new hyperparameters from the next chunk on
             self._set_hparams([{**h, **new} for h, new in zip(self.hparams, self.schedule[k + 1], strict=True)])
         parts = [_first(o, len(idx)) for o, idx in zip(jax.device_get(out), self.groups, strict=True)]
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+
+    def _chunk_numbers(self, k: int, configs: list[int]) -> np.ndarray:
+        """Each of ``configs``' own chunk number (0-based) at the trial's chunk ``k``: ``k`` for all."""
+        return np.full(len(configs), k, np.int32)
 
     def _set_hparams(self, hparams: list[dict[str, float]]) -> None:
         """Every configuration's hyperparameters from now on (traced values: no recompile)."""
@@ -350,18 +350,27 @@ class TrialRunner:
         else:  # the first call compiles; count it as overhead, not kernel time
             self.compile_s += dt
             self._warm = True
-        lane_steps = np.asarray(m.env_steps)[:, 0, -1].astype(np.int64)
-        new_steps = int(lane_steps[0]) if not self.lanes else self.config.env_steps_after(len(self.curves) + 1)
+        lane_steps = np.asarray(m.env_steps)[:, 0, -1].astype(np.int64)  # per seed, of each configuration
+        new_steps = self._trial_steps(lane_steps)
         report = ChunkReport(
             chunk=len(self.curves) + 1, num_chunks=self.total_chunks, env_steps=new_steps,
             returns=_nanmean_last_axis(np.asarray(m.episode_return)),
             evals=np.broadcast_to(np.asarray(evals, np.float64), (self.configs, self.plan.seeds)).copy(),
             diverged=np.asarray(m.diverged)[..., -1].astype(bool),
-            steps_per_sec=int((lane_steps - self._lane_steps).sum()) * self.plan.seeds / max(dt, 1e-9),
+            steps_per_sec=self._steps_trained(lane_steps) * self.plan.seeds / max(dt, 1e-9),
             kernel_seconds=self.kernel_s, lane_steps=lane_steps)
-        self.steps, self._lane_steps = new_steps, lane_steps
+        self.steps = new_steps
         self.curves.append(report)
         return report
+
+    def _trial_steps(self, lane_steps: np.ndarray) -> int:
+        """The trial's env steps per run after the chunk just run (``lane_steps``: each
+        configuration's steps per seed after it): every configuration's, they train in step."""
+        return int(lane_steps[0])
+
+    def _steps_trained(self, lane_steps: np.ndarray) -> int:
+        """Env steps per seed the chunk just run trained, over every configuration."""
+        return int(lane_steps.sum()) - self.steps * self.configs
 
     # -- mid-run snapshots ------------------------------------------------------------------
     def snapshot(self) -> bytes:
@@ -383,9 +392,15 @@ class TrialRunner:
             "state": {str(i): x for i, x in enumerate(jax.tree.leaves(state))},
             "hps": {str(i): x for i, x in enumerate(jax.tree.leaves(hps))},
             "hparams": json.dumps(self.hparams), "curves": {str(i): c for i, c in enumerate(curves)},
-            "lanes": json.dumps({"ids": self.lane_ids, "start": self.lane_start,
-                                 "steps": [int(x) for x in self._lane_steps]}),
-            "steps": self.steps, "kernel_seconds": self.kernel_s, "compile_seconds": self.compile_s})
+            "steps": self.steps, "kernel_seconds": self.kernel_s, "compile_seconds": self.compile_s,
+            **self._snapshot_extra()})
+
+    def _snapshot_extra(self) -> dict[str, Any]:
+        """What a subclass adds to :meth:`snapshot` (read back by :meth:`_restore_extra`)."""
+        return {}
+
+    def _restore_extra(self, snap: dict[str, Any]) -> None:
+        """Restores what :meth:`_snapshot_extra` added."""
 
     def restore(self, blob: bytes) -> None:
         """Continues from :meth:`snapshot` ``blob`` of the same plan: the chunks after it give
@@ -418,12 +433,10 @@ class TrialRunner:
             self.hps[g] = jax.device_put(jax.tree.map(lambda x, p=padded: x[p], hps))
         self.hparams = json.loads(snap["hparams"])
         self.curves = [_report_from_record(snap["curves"][str(i)]) for i in range(len(snap["curves"]))]
-        lanes = json.loads(snap["lanes"])
-        self.lane_ids, self.lane_start = lanes["ids"], lanes["start"]
-        self._lane_steps = np.array(lanes["steps"], np.int64)
         self.steps = int(snap["steps"])
         self.kernel_s, self.compile_s = float(snap["kernel_seconds"]), float(snap["compile_seconds"])
         self.restored_chunks = len(self.curves)
+        self._restore_extra(snap)
 
     def _gather_hps(self) -> Any:
         import jax
@@ -524,7 +537,7 @@ class LaneRunner(TrialRunner):
     afresh with new configurations on the device; every configuration's keys and chunk count are
     its own (``plan.config_keys``), so it trains as it would have alone from a trial's start."""
 
-    lanes = one_kernel = True
+    one_kernel = True
 
     def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
         if plan.chunks is None or plan.config_keys is None or plan.pbt or plan.schedule:
@@ -533,7 +546,38 @@ class LaneRunner(TrialRunner):
         if (config_batch or len(plan.hparams)) < len(plan.hparams):
             raise ValueError("refilled lanes need every configuration in one kernel; "
                              f"{len(plan.hparams)} configurations do not run as one batch here")
+        self.lane_ids = list(plan.config_keys)  # each lane's configuration key
+        self.lane_start = [0] * len(plan.hparams)  # the chunk (0-based) where each lane's configuration began
+        self.lane_steps = np.zeros(len(plan.hparams), np.int64)  # env steps per seed of each lane's configuration
         super().__init__(plan, config_batch=config_batch)
+
+    def _chunk_numbers(self, k: int, configs: list[int]) -> np.ndarray:
+        return np.array([k - self.lane_start[i] for i in configs], np.int32)
+
+    def chunk(self) -> ChunkReport:
+        report = super().chunk()
+        self.lane_steps = report.lane_steps
+        return report
+
+    def _trial_steps(self, lane_steps: np.ndarray) -> int:  # the trial's chunks, whatever its lanes' own
+        return self.config.env_steps_after(len(self.curves) + 1)
+
+    def _steps_trained(self, lane_steps: np.ndarray) -> int:
+        return int((lane_steps - self.lane_steps).sum())
+
+    def _snapshot_extra(self) -> dict[str, Any]:
+        import json
+
+        return {"lanes": json.dumps({"ids": self.lane_ids, "start": self.lane_start,
+                                     "steps": [int(x) for x in self.lane_steps]})}
+
+    def _restore_extra(self, snap: dict[str, Any]) -> None:
+        import json
+
+        lanes = json.loads(snap["lanes"])
+        self.lane_ids, self.lane_start = lanes["ids"], lanes["start"]
+        self.lane_steps = np.array(lanes["steps"], np.int64)
+        self._lane_keys()
 
     def lane_chunks(self, lane: int) -> int:
         """Chunks the lane's current configuration has trained."""
@@ -545,7 +589,7 @@ class LaneRunner(TrialRunner):
         as it would alone: its keys and its chunk count are its own."""
         for c, h, n in zip(lanes, hparams, ids, strict=True):
             self.hparams[c], self.lane_ids[c], self.lane_start[c] = dict(h), int(n), len(self.curves)
-            self._lane_steps[c] = 0
+            self.lane_steps[c] = 0
         train_keys = self._lane_keys()
         self.hps[0] = _stack_hparams(self.plan.algo, self.hparams)
         mask = np.isin(np.arange(self.configs), lanes)
@@ -586,10 +630,6 @@ class LaneRunner(TrialRunner):
         diverged = np.asarray(self.curves[-1].diverged)[lanes]
         final = np.where(diverged, np.nan, ev[lanes])
         return np.where(diverged, np.nan, self.lane_objective(lanes, final)), final, diverged
-
-    def restore(self, blob: bytes) -> None:
-        super().restore(blob)
-        self._lane_keys()
 
 
 def runner_for(plan: TrialPlan, *, config_batch: int | None = None) -> TrialRunner:

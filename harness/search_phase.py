@@ -122,7 +122,9 @@ class BrokerHandle:
         from harness.lanes import LaneBroker, serve_locally
 
         # one name per study and storage: a resumed study's adopted trials find the broker under the
-        # name their plans hold (the killed driver's broker died with it)
+        # name their plans hold (the killed driver's broker died with it). Names are scoped to the
+        # driver's Ray job: ray.init without a namespace puts each job in an anonymous namespace of
+        # its own, so two drivers of one study on one cluster each find their own broker
         digest = hashlib.sha1(settings.storage.encode()).hexdigest()[:10]
         self.name = f"rl-harness-lanes-{settings.study.name}-{digest}"
         spec = settings.lanes(budget, self.name) or {}

@@ -47,6 +47,18 @@ def cache_home(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_compile_cache(cache_home):
+    """JAX's persistent compilation cache for the tests in these processes too, in the run's cache
+    folder: a kernel that another test (or the other xdist worker) compiled already is read, not
+    compiled again (the key is the program, not the Python function that traced it)."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_home, "tests-jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
 # The benchmarks' tiny runs compile at XLA's lowest optimisation level: their kernels are tiny, so
 # compiling is most of their time (a Brax trial: 31 s instead of 44 s, identical results; in CI,
 # pbt_search's tiny run 64 s instead of 136 s). Everything else keeps the default: the learning
