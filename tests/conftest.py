@@ -54,11 +54,16 @@ def _shared_compile_cache(cache_home):
     is the program and the compiler's options, not the Python function that traced it). In these
     processes (measured on the kernel, checkpoint, PBT, lanes and objectives tests: 454 -> 358
     worker-s) and, through JAX_COMPILATION_CACHE_DIR, in the processes tests start (the benchmarks'
-    tiny runs, the CLIs: eval_overhead then checkpoint_cost, 46 -> 35 s); a study's trials keep
-    their own cache (harness.cluster.cache_dir, under the run's XDG_CACHE_HOME here)."""
+    tiny runs, the CLIs: eval_overhead then checkpoint_cost, 46 -> 35 s). One folder: the one a
+    study's trials use (harness.cluster.cache_dir under the run's XDG_CACHE_HOME, which every
+    process the tests start gets: never the user's), so a test re-training a trial's plan in a
+    process of its own reads the kernels the trial compiled."""
     import jax
 
-    path = os.path.join(cache_home, "tests-jax")
+    from harness.cluster import cache_dir
+
+    os.environ["XDG_CACHE_HOME"] = cache_home
+    path = cache_dir()
     os.environ["JAX_COMPILATION_CACHE_DIR"] = path
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
