@@ -83,6 +83,7 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
     Returns the dashboard URL and (for the embedded Ray) the node's Prometheus metrics URL.
     """
     metrics_port = int(os.environ.get("RL_HARNESS_METRICS_PORT", "0")) or _free_port()
+    dashboard_wanted = _dashboard_wanted()  # checked on a cluster too, where the head decides
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no phoning home
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables off: the harness prints progress
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # and a line per failed trial, not a traceback
@@ -111,7 +112,7 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
             ctx = ray.init(address=address, **kwargs)
         else:
             ctx = _init_embedded(ray, num_cpus=usable_cores(), _node_ip_address="127.0.0.1",
-                                 dashboard_host="127.0.0.1", include_dashboard=_dashboard_wanted(),
+                                 dashboard_host="127.0.0.1", include_dashboard=dashboard_wanted,
                                  _metrics_export_port=metrics_port, **kwargs)
     except ClusterError:
         raise

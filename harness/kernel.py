@@ -556,7 +556,7 @@ class LaneRunner(TrialRunner):
 
     def chunk(self) -> ChunkReport:
         report = super().chunk()
-        self.lane_steps = report.lane_steps
+        self.lane_steps = report.lane_steps.copy()  # refill zeroes entries: never the report's
         return report
 
     def _trial_steps(self, lane_steps: np.ndarray) -> int:  # the trial's chunks, whatever its lanes' own

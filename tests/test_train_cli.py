@@ -38,6 +38,12 @@ def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect, capsys, monke
     assert "Traceback" not in err
 
 
+def test_train_cli__bad_input_exits_2_through_the_module_entry_point():
+    result = _run("--seeds", "0")
+    assert result.returncode == 2 and "error: --seeds must be >= 1" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_train_cli__tiny_run_prints_progress_and_evaluation():
     result = _run("--algo", "ppo", "--seeds", "2", "--timesteps", "2048",
                   "--set", "updates_per_chunk=2")
