@@ -8,9 +8,10 @@ Two sides, one round trip per chunk per trial:
   actor on the driver's node: ``harness.search_phase``). Each lane's configuration is an Optuna
   trial; at each rung (``min_steps * eta**r`` env steps per seed) its objective so far is reported
   and Optuna's ``SuccessiveHalvingPruner`` decides, against every configuration of the study
-  that reached that rung, whether it goes on (asynchronous successive halving). A stopped,
+  that reached that rung, whether it goes on (asynchronous successive halving; lanes reaching a
+  rung after the same chunk are judged best first, so no lane's index decides). A stopped,
   finished or diverged configuration is told to Optuna, and its lane gets a new proposal with
-  the trial's static values.
+  the trial's static values: TPE's, but every ``EXPLORE``-th one at random (as BOHB does).
 - :class:`LaneTrial` is the trial's side (inside its worker): after each chunk it asks the broker,
   records the configurations that ended (with their own curves) and refills their lanes on the
   device (``harness.kernel.LaneRunner.refill``).
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 ETA = 3  # successive halving's reduction factor: rungs at 1/9, 1/3 and the whole budget
+EXPLORE = 3  # with TPE, every EXPLORE-th refill (by Optuna number) is proposed at random
 ROUNDS = 3  # a trial whose lanes are refilled runs as long as ROUNDS trials without refills
 
 
@@ -76,6 +78,14 @@ class LaneBroker:
                                                              min_early_stopping_rate=0)
         # its own sampler stream: the driver's searcher asks the same study for the trials' first lanes
         self.ostudy = open_study(study, storage, sampler=sampler, pruner=self.pruner, stream=1)
+        # BOHB's random fraction: TPE fitted on the survivors of early rungs exploits the region of the
+        # first configurations promoted, and a random proposal costs little where most are stopped at
+        # the first rung (1/eta**2 of a budget). Without it, a CartPole study's TPE never reached the
+        # region trial-level ASHA found (lr ~2e-3, gamma ~0.97) and settled 10 points under its answer.
+        self.explore = None
+        if sampler == "tpe":
+            self.explore = open_study(study, storage, sampler="random", pruner=self.pruner, stream=2,
+                                      beside=self.ostudy)
         self.answers: dict[tuple[int, int], dict[str, Any]] = {}
         self._trials: dict[int, Any] = {}
         self._running: set[int] = set()  # Optuna trials this broker has seen running
@@ -111,6 +121,7 @@ class LaneBroker:
 
         ended: dict[int, dict[str, Any]] = {}
         metric = self.study.metric
+        judged: list[tuple[float, Any, dict[str, Any]]] = []  # lanes at a rung: (value, Optuna trial, report)
         for r in lanes:
             t = self._trial(r["number"])
             told = self._told(t)
@@ -123,13 +134,22 @@ class LaneBroker:
             elif r["finished"]:
                 value = config_score(r["scores"], None, self.study.metric)
                 ended[r["lane"]] = self._stop(t, r, "complete", "trained its whole budget", value)
+            elif r["rung"] is not None and (value := config_score(r["values"], None, metric)) is not None:
+                judged.append((value, t, r))
             elif r["last"]:  # the trial's budget ends before this configuration's does
                 ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
-            elif r["rung"] is not None and (value := config_score(r["values"], None, metric)) is not None:
-                t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
-                if t.should_prune():
-                    why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
-                    ended[r["lane"]] = self._stop(t, r, "pruned", why)
+        # Lanes that reached a rung in the same chunk are judged best first: the pruner compares a
+        # configuration with those that reached the rung before it, so in lane order the first lane
+        # of a batch was promoted for being first (the study's first lanes nearly all went on).
+        # Best first, each is judged against every better one of its batch, whatever its lane.
+        judged.sort(key=lambda x: -x[0] if self.study.direction == "maximize" else x[0])
+        for value, t, r in judged:
+            t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
+            if t.should_prune():
+                why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
+                ended[r["lane"]] = self._stop(t, r, "pruned", why)
+            elif r["last"]:  # promoted, but the trial's budget ends here
+                ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
         new: dict[int, dict[str, Any]] = {}
         if refill:
             for lane in ended:
@@ -158,6 +178,8 @@ class LaneBroker:
         trial_id = study._storage.create_new_trial(study._study_id)
         study._storage.set_trial_system_attr(trial_id, "fixed_params", static)
         study._thread_local.cached_all_trials = None
+        if self.explore is not None and study._storage.get_trial_number_from_id(trial_id) % EXPLORE == 0:
+            study = self.explore  # the same storage and pruner; its sampler proposes at random
         return optuna.trial.Trial(study, trial_id)
 
     def _stop(self, t: Any, r: dict[str, Any], status: str, why: str,

@@ -64,18 +64,22 @@ def storage(url: str) -> optuna.storages.BaseStorage | str:
 
 
 def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str = "tpe",
-               pruner: optuna.pruners.BasePruner | None = None, stream: int = 0) -> optuna.Study:
+               pruner: optuna.pruners.BasePruner | None = None, stream: int = 0,
+               beside: optuna.Study | None = None) -> optuna.Study:
     """The Optuna study for ``study`` in the storage at ``url`` (created on first use). Without a
     ``seed``, the sampler's seed moves on with the study (the study's seed and its trials so far),
-    so a resumed study does not replay the proposals it made before it was interrupted."""
+    so a resumed study does not replay the proposals it made before it was interrupted.
+    ``beside``: a handle opened before in this process, whose storage (and its cache of trials)
+    this one shares, so a trial created through either can be sampled by the other."""
     direction = "maximize" if study.direction == "maximize" else "minimize"
+    store = beside._storage if beside is not None else storage(url)
     if seed is None:
         try:
-            told = len(optuna.load_study(study_name=study.name, storage=storage(url)).get_trials(deepcopy=False))
+            told = len(optuna.load_study(study_name=study.name, storage=store).get_trials(deepcopy=False))
         except KeyError:
             told = 0
         seed = study.seed * 1_000_003 + told + stream * 7_919_993  # stream: another process asking too
-    return optuna.create_study(study_name=study.name, storage=storage(url), sampler=make_sampler(sampler, seed),
+    return optuna.create_study(study_name=study.name, storage=store, sampler=make_sampler(sampler, seed),
                                direction=direction, load_if_exists=True, pruner=pruner)
 
 

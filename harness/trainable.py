@@ -375,7 +375,10 @@ BOILERPLATE = ("For simplicity, JAX has removed its internal frames", "-----", "
 
 def failure_text(err: BaseException) -> str:
     """``Type: message``: the exception's type and the first line of its message that is not a
-    framework's boilerplate (what a trial's record and progress line say)."""
+    framework's boilerplate (what a trial's record and progress line say). A Ray actor call's
+    failure (``RayTaskError``: the lane broker's) says its own exception."""
+    while isinstance(getattr(err, "cause", None), BaseException):
+        err = err.cause  # type: ignore[attr-defined]
     if err.__class__.__name__ == "OutOfMemory":
         return str(err)
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]

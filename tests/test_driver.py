@@ -322,6 +322,11 @@ def test_failures__say_the_exception_and_its_message_not_the_frameworks_boilerpl
         text = failure_text(err)
     assert text.startswith("ConcretizationTypeError: Abstract tracer value encountered where concrete value is "
                            "expected"), text
+    from ray.exceptions import RayTaskError  # a trial's call to a Ray actor (the lane broker) that raised
+
+    remote = RayTaskError("LaneBroker.step", "Traceback (most recent call last):\n  ...\nKeyError: 7",
+                          KeyError(7)).as_instanceof_cause()
+    assert isinstance(remote, DETERMINISTIC) and failure_text(remote) == "KeyError: 7"
     ray_text = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in step\n    r = f()\n"
                 "ray.exceptions.RayTaskError(ValueError): ray::cartpole_ppo_trial.train() (pid=1)\n"
                 "ValueError: num_minibatches must divide the batch\n"

@@ -155,6 +155,45 @@ def test_broker__promotes_the_top_third_at_a_rung_and_refills_the_others_with_th
     assert len(ostudy.get_trials()) == trials_before
 
 
+def test_broker__lanes_at_a_rung_in_one_chunk_are_judged_best_first_whatever_their_lane(tmp_path):
+    """Four lanes reach rung 1 after the same chunk, the worst in lane 0: only the best goes on
+    (judged in lane order, lane 0 went on for being first and lane 1 for beating it). On the
+    trial's last chunk, a lane at a rung is still judged: stopped there, or cut short if promoted."""
+    _, ostudy, broker = _broker(tmp_path)
+    first = [ostudy.ask() for _ in range(6)]
+    values = [1.0, 5.0, 3.0, 20.0]
+    answer = broker.step(0, 1, {"num_minibatches": "4"},
+                         [_at(lane, t.number, 128, v) for lane, (t, v) in enumerate(zip(first, values))], True)
+    assert sorted(answer["ended"]) == [0, 1, 2] and sorted(answer["new"]) == [0, 1, 2]
+    ending = [_at(0, first[4].number, 128, 0.5, last=True), _at(1, first[5].number, 128, 50.0, last=True)]
+    last = broker.step(1, 9, {"num_minibatches": "4"}, ending, False)
+    assert last == {"ended": {0: {"status": "pruned", "why": "stopped at rung 1 (128 env steps)"},
+                              1: {"status": "pruned", "why": "cut short: the trial's budget ended"}}, "new": {}}
+    assert ostudy.get_trials()[first[5].number].intermediate_values == {128: 50.0}
+
+
+def test_broker__every_third_refill_is_proposed_at_random_the_others_by_tpe(tmp_path):
+    """TPE fitted on a study whose good configurations all have lr near 1e-4 proposes there;
+    refills numbered 0 mod 3 come from Optuna's random sampler, over the whole space (BOHB's
+    random fraction), with the trial's static values all the same."""
+    import optuna
+
+    from harness.lanes import EXPLORE
+
+    _, ostudy, broker = _broker(tmp_path)
+    dists = {"lr": optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
+    for k in range(40):  # the best near lr 1e-4, the worst near 3e-3
+        lr = 1e-4 * 30 ** (k / 39)
+        ostudy.add_trial(optuna.trial.create_trial(params={"lr": lr}, distributions=dists, value=-k))
+    asked = [broker._ask({"num_minibatches": "4"}) for _ in range(9)]
+    lrs = {t.number: t.suggest_float("lr", 1e-4, 3e-3, log=True) for t in asked}
+    assert all(t.suggest_categorical("num_minibatches", ["4", "8"]) == "4" for t in asked)
+    by_tpe = [lr for n, lr in lrs.items() if n % EXPLORE]
+    at_random = [lr for n, lr in lrs.items() if n % EXPLORE == 0]
+    assert len(at_random) == 3 and max(by_tpe) < 3e-4, lrs
+    assert max(at_random) > 3e-4, lrs  # at least one of three uniform draws in log space lands there
+
+
 def test_broker__tells_finished_diverged_and_cut_short_configurations_and_refills_only_when_asked(tmp_path):
     import optuna
 
