@@ -11,7 +11,8 @@ Two sides, one round trip per chunk per trial:
   that reached that rung, whether it goes on (asynchronous successive halving; lanes reaching a
   rung after the same chunk are judged best first, so no lane's index decides). A stopped,
   finished or diverged configuration is told to Optuna, and its lane gets a new proposal with
-  the trial's static values: TPE's, but every ``EXPLORE``-th one at random (as BOHB does).
+  the trial's static values: TPE's, but about one in ``EXPLORE`` at random (as BOHB does: those
+  whose Optuna number is a multiple of ``EXPLORE``, so a resumed study asks the same way).
 - :class:`LaneTrial` is the trial's side (inside its worker): after each chunk it asks the broker,
   records the configurations that ended (with their own curves) and refills their lanes on the
   device (``harness.kernel.LaneRunner.refill``).
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 ETA = 3  # successive halving's reduction factor: rungs at 1/9, 1/3 and the whole budget
-EXPLORE = 3  # with TPE, every EXPLORE-th refill (by Optuna number) is proposed at random
+EXPLORE = 3  # with TPE, refills whose Optuna number is a multiple of EXPLORE are proposed at random
 ROUNDS = 3  # a trial whose lanes are refilled runs as long as ROUNDS trials without refills
 
 
@@ -139,9 +140,11 @@ class LaneBroker:
             elif r["last"]:  # the trial's budget ends before this configuration's does
                 ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
         # Lanes that reached a rung in the same chunk are judged best first: the pruner compares a
-        # configuration with those that reached the rung before it, so in lane order the first lane
-        # of a batch was promoted for being first (the study's first lanes nearly all went on).
-        # Best first, each is judged against every better one of its batch, whatever its lane.
+        # configuration with those that reached the rung before it, so in lane order a lane went
+        # on for beating the lanes before it (about 2 of a study's first 4 lanes, whatever their
+        # values). Best first, each is judged against every better one of its batch, whatever its
+        # lane; the worse ones of its batch are not yet counted, so early in a study this is the
+        # stricter side of "top 1/eta" (of a study's first batch, only the best goes on).
         judged.sort(key=lambda x: -x[0] if self.study.direction == "maximize" else x[0])
         for value, t, r in judged:
             t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
@@ -152,19 +155,20 @@ class LaneBroker:
                 ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
         new: dict[int, dict[str, Any]] = {}
         if refill:
-            for lane in ended:
+            for lane in sorted(ended):  # asked in lane order: Optuna numbers rise with the lanes
                 before = self._asked_before(trial, chunk, lane)
                 if before is not None:  # a killed driver's broker asked it: the same configuration again
                     t = self._trial(before)
                     point = suggest(t, self.study.space)  # its stored values (Optuna returns them as set)
                 else:
                     t = self._ask(static)
-                    point = suggest(t, self.study.space)
+                    # where it belongs first: a broker after a kill here finds it and hands it out again
                     t.set_user_attr(TRIAL_ATTR, trial)
                     t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
                     t.set_user_attr("lane", lane)
                     t.set_user_attr("after_chunk", chunk)
                     self._trials[t.number] = t
+                    point = suggest(t, self.study.space)
                 new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
         return {"ended": ended, "new": new}
 

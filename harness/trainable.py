@@ -377,8 +377,10 @@ def failure_text(err: BaseException) -> str:
     """``Type: message``: the exception's type and the first line of its message that is not a
     framework's boilerplate (what a trial's record and progress line say). A Ray actor call's
     failure (``RayTaskError``: the lane broker's) says its own exception."""
-    while isinstance(getattr(err, "cause", None), BaseException):
-        err = err.cause  # type: ignore[attr-defined]
+    for _ in range(8):  # (bounded: a cause is never its own, but a loop must end)
+        if not isinstance(cause := getattr(err, "cause", None), BaseException) or cause is err:
+            break
+        err = cause
     if err.__class__.__name__ == "OutOfMemory":
         return str(err)
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
