@@ -12,9 +12,9 @@ configurations re-trained on fresh seeds and the best of them by that re-evaluat
 - ``tpe``: ``--scheduler none``, N trials of C configurations, every one trained to the end;
 - ``trial``: ``--scheduler asha``, Tune's ASHA stopping the worse half of the trials halfway;
 - ``lane``: ``--scheduler lanes``, each configuration judged at 1/9 and 1/3 of its budget inside
-  the kernel by Optuna's successive-halving pruner, stopped lanes refilled (by TPE, about one refill in
-  three at random). Its trial count is set
-  after ``trial``'s run so both train the same env steps (within one chunk per lane trial).
+  the kernel by Optuna's successive-halving pruner, stopped lanes refilled (by TPE, about one
+  refill in three at random). Its trial count is set after ``trial``'s run so both train the
+  same env steps (within one chunk per lane trial).
 
 Per method: configurations evaluated (every one that trained to its first judgement or further),
 env steps trained (every lane of every kernel, all seeds), the answer's score re-evaluated on

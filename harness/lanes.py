@@ -123,6 +123,7 @@ class LaneBroker:
         ended: dict[int, dict[str, Any]] = {}
         metric = self.study.metric
         judged: list[tuple[float, Any, dict[str, Any]]] = []  # lanes at a rung: (value, Optuna trial, report)
+        going: list[tuple[Any, dict[str, Any]]] = []  # lanes whose configuration goes on
         for r in lanes:
             t = self._trial(r["number"])
             told = self._told(t)
@@ -137,8 +138,8 @@ class LaneBroker:
                 ended[r["lane"]] = self._stop(t, r, "complete", "trained its whole budget", value)
             elif r["rung"] is not None and (value := config_score(r["values"], None, metric)) is not None:
                 judged.append((value, t, r))
-            elif r["last"]:  # the trial's budget ends before this configuration's does
-                ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
+            else:
+                going.append((t, r))
         # Lanes that reached a rung in the same chunk are judged best first: the pruner compares a
         # configuration with those that reached the rung before it, so in lane order a lane went
         # on for beating the lanes before it (about 2 of a study's first 4 lanes, whatever their
@@ -151,7 +152,10 @@ class LaneBroker:
             if t.should_prune():
                 why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
                 ended[r["lane"]] = self._stop(t, r, "pruned", why)
-            elif r["last"]:  # promoted, but the trial's budget ends here
+            else:
+                going.append((t, r))
+        for t, r in going:
+            if r["last"]:  # the trial's budget ends before this configuration's does
                 ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
         new: dict[int, dict[str, Any]] = {}
         if refill:
