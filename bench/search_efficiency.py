@@ -58,18 +58,19 @@ ENVS: dict[str, dict[str, Any]] = {
 METHODS = {"tpe": "none", "trial": "asha", "lane": "lanes"}
 
 
-def study_file(folder: Path, env: str, seed: int, top_k: int = 3) -> Path:
+def study_file(folder: Path, env: str, seed: int, top_k: int = 3, final_seeds: int | None = None) -> Path:
     """A study module for ``env`` with study seed ``seed``: the registered study's env, config,
-    space and objective (or the entry's own), top-1 re-training on its fresh seeds."""
+    space and objective (or the entry's own), its top ``top_k`` re-trained on its fresh seeds
+    (``final_seeds`` of them where given)."""
     import studies
 
     spec = ENVS[env]
     if "study" in spec:
         base = studies.get(spec["study"])
         env_id, config, objective = base.env, base.config, base.objective
-        final_seeds = base.final_seeds
+        final_seeds = final_seeds or base.final_seeds
     else:
-        env_id, config, objective, final_seeds = spec["env"], spec["config"], spec["objective"], 8
+        env_id, config, objective, final_seeds = spec["env"], spec["config"], spec["objective"], final_seeds or 8
     path = folder / f"eff_{env}_{seed}.py"
     path.write_text(textwrap.dedent(f"""
         from harness.space import Budget, Study, Uniform
@@ -123,7 +124,8 @@ def main() -> None:
     p.add_argument("--study-seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0, help="the first study seed (to add seeds)")
     p.add_argument("--top-k", type=int, default=3, help="configurations re-trained on fresh seeds (default 3)")
-    p.add_argument("--tiny", action="store_true", help="a tiny budget (the test suite's run)")
+    p.add_argument("--tiny", action="store_true",
+                   help="a tiny budget, the answer re-trained on 2 fresh seeds (the test suite's run)")
     p.add_argument("--timesteps", type=int, help="env steps per configuration (default: each env's budget)")
     p.add_argument("--methods", default="tpe,trial,lane", help="which of tpe, trial, lane (trial and lane always)")
     args = p.parse_args()
@@ -138,7 +140,7 @@ def main() -> None:
             budget = budget_of(env, args)
             rows[env] = {m: [] for m in methods}
             for seed in range(args.first_seed, args.first_seed + args.study_seeds):
-                path = study_file(Path(tmp), env, seed, args.top_k)
+                path = study_file(Path(tmp), env, seed, args.top_k, final_seeds=2 if args.tiny else None)
                 for method in methods:
                     b = dict(budget)
                     if method == "lane":

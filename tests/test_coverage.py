@@ -30,9 +30,10 @@ pytest.importorskip("jumanji")
 # MountainCarContinuous: tests/test_learning.py), Jumanji's multi-discrete kinds (a joint mask made
 # one Discrete: Minesweeper, Tetris; a mask row per agent: Connector; below) and two Brax robots
 # (inverted_pendulum: tests/test_locomotion.py; ant: the ant_ppo smoke study in tests/test_study.py).
+# bsuite's (Catch) is the one bench/env_coverage.py's tiny run trains (tests/test_bench.py), in the
+# same way, so it is not compiled twice.
 SUBSET = {
     "gymnax:Breakout-MinAtar": "MinAtar (a grid of bools)",
-    "gymnax:Catch-bsuite": "bsuite",
     "gymnax:FourRooms-misc": "misc",
     "jumanji:Maze-v0": "DiscreteArray with a mask",
 }

@@ -269,18 +269,21 @@ def test_search_phase__a_stopped_search_resumes_its_in_flight_trial_from_its_che
     assert not list((folder.root / "inflight").glob("*"))
 
 
+# a real disk filling up under a running study, through Ray and Tune: tests/test_study.py
+@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "No space left on device"),
+                                         (errno.EROFS, "Read-only file system")])
 def test_search_phase__a_disk_that_fills_mid_search_stops_it_in_one_line_and_keeps_the_records(tmp_path,
-                                                                                               monkeypatch):
+                                                                                               monkeypatch, code,
+                                                                                               words):
     real = ResultsFolder.record
 
     def record(self, rec):
         if rec["trial"] == 1:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(code, words)
         real(self, rec)
 
     monkeypatch.setattr(ResultsFolder, "record", record)
-    with pytest.raises(StudyError, match=r"\(No space left on device\); the trials recorded so far \(1\) are "
-                                         r"intact"):
+    with pytest.raises(StudyError, match=rf"\({words}\); the trials recorded so far \(1\) are intact"):
         _search(tmp_path, monkeypatch, FakeTune())
     folder = ResultsFolder(tmp_path / "cartpole_ppo")
     assert [r["trial"] for r in folder.trials()] == [0]

@@ -527,8 +527,11 @@ def test_study__lanes_through_ray_refill_judge_and_resume_bit_for_bit_after_a_ki
         assert x == {k: c[k] for k in x}, c["optuna_number"]
 
 
+# A disk that turns read-only mid-study (EROFS, and the ways SQLite and a vanishing file say it) stops it
+# the same way: tests/test_driver.py (the search phase) and tests/test_report.py (disk_problem); this
+# run did it too, through Ray and Tune, with a read-only bind mount (22 s more in the suite).
 @pytest.mark.slow
-def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and_resumes(tmp_path, ray_env):
+def test_study__results_disk_full_mid_study_stops_in_one_line_and_resumes(tmp_path, ray_env):
     if os.geteuid() != 0:
         pytest.skip("mounting a small results disk (tmpfs) needs root")
     disk = tmp_path / "disk"
@@ -549,14 +552,6 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
             except OSError:
                 pass
 
-    def read_only() -> None:  # files open for writing keep `mount -o remount,ro` busy: a read-only
-        keep.mkdir()          # view of the same disk is mounted over the path (new writes fail with
-        subprocess.run(["mount", "--bind", str(disk), str(keep)], check=True)  # EROFS); the path is
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(keep)], check=True)  # never empty meanwhile
-        subprocess.run(["mount", "--bind", str(keep), str(disk)], check=True)
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(disk)], check=True)
-
-    keep = tmp_path / "keep"
     try:
         # the disk fills up mid-study
         r = _fault_once(args, ray_env, lambda: len(recorded()) >= 1, lambda _: fill())
@@ -565,12 +560,7 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
         assert "resume with: python -m harness.study cartpole_ppo" in r.stderr
         kept = recorded()
         assert 1 <= len(kept) < 4, r.stdout
-        (disk / "filler").unlink()  # space is back; this time the disk turns read-only mid-study
-        r = _fault_once(args, ray_env, lambda: len(recorded()) > len(kept), lambda _: read_only())
-        _one_error_line(r, "Read-only file system")
-        assert {k: v for k, v in recorded().items() if k in kept} == kept  # records already written: intact
-        kept = recorded()
-        subprocess.run(["mount", "-o", "remount,bind,rw", str(disk)], check=True)
+        (disk / "filler").unlink()  # space is back
         r = _study(*args, env=ray_env)
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"resuming: {len(kept)} trials recorded" in r.stdout
@@ -578,7 +568,7 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
         records = ResultsFolder(root).trials()
         assert len({rec["trial"] for rec in records}) == len(records) == 4  # its trial number is skipped)
         assert {rec["status"] for rec in records} == {"complete"}
-        assert {k: v for k, v in recorded().items() if k in kept} == kept
+        assert {k: v for k, v in recorded().items() if k in kept} == kept  # records already written: intact
         numbers = [c["optuna_number"] for rec in records for c in rec["configs"]]
         ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
         states = {t.number: t.state.name for t in ostudy.trials}
@@ -588,8 +578,7 @@ def test_study__results_disk_full_then_read_only_mid_study_stops_in_one_line_and
         assert {s for n, s in states.items() if n not in numbers} <= {"FAIL"}, states
         assert len(pd.read_csv(root / "reports" / "configs.csv")) == 8
     finally:
-        for mounted in (disk, keep, disk):
-            subprocess.run(["umount", "-l", str(mounted)], capture_output=True)
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 @pytest.mark.slow
