@@ -9,7 +9,9 @@ Two sides, one round trip per chunk per trial:
   trial; at each rung (``min_steps * eta**r`` env steps per seed) its objective so far is reported
   and Optuna's ``SuccessiveHalvingPruner`` decides, against every configuration of the study
   that reached that rung, whether it goes on (asynchronous successive halving; lanes reaching a
-  rung after the same chunk are judged best first, so no lane's index decides). A stopped,
+  rung after the same chunk are judged together, as having reached it at once, so no lane's
+  index decides; a promoted one that the trial's end would cut short before its next judgement
+  stops there instead, and its lane is refilled). A stopped,
   finished or diverged configuration is told to Optuna, and its lane gets a new proposal with
   the trial's static values: TPE's, but about one in ``EXPLORE`` at random (as BOHB does: those
   whose Optuna number is a multiple of ``EXPLORE``, so a resumed study asks the same way).
@@ -140,18 +142,23 @@ class LaneBroker:
                 judged.append((value, t, r))
             else:
                 going.append((t, r))
-        # Lanes that reached a rung in the same chunk are judged best first: the pruner compares a
-        # configuration with those that reached the rung before it, so in lane order a lane went
-        # on for beating the lanes before it (about 2 of a study's first 4 lanes, whatever their
-        # values). Best first, each is judged against every better one of its batch, whatever its
-        # lane; the worse ones of its batch are not yet counted, so early in a study this is the
-        # stricter side of "top 1/eta" (of a study's first batch, only the best goes on).
-        judged.sort(key=lambda x: -x[0] if self.study.direction == "maximize" else x[0])
+        # Lanes that reached a rung after the same chunk are judged together: Optuna's pruner compares
+        # a configuration with those that reached the rung before it, so judged one after another a
+        # lane went on for beating the lanes before it (in lane order, about 2 of a study's first 4,
+        # whatever their values; best first, only the best of a first batch). As ASHA reads "top
+        # 1/eta of those that reached the rung", each is judged with all of its batch counted.
+        batch: dict[int, dict[int, float]] = {}  # rung -> {Optuna number: value} of this chunk's lanes
         for value, t, r in judged:
             t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
-            if t.should_prune():
+            batch.setdefault(r["rung"], {})[t.number] = value
+        for _, t, r in judged:
+            if self._prune(t, r["rung"], batch[r["rung"]]):
                 why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
                 ended[r["lane"]] = self._stop(t, r, "pruned", why)
+            elif not r.get("reach", True):  # promoted, but the trial ends before its next judgement:
+                # stopped now, so its lane trains a new configuration instead of one that cannot finish
+                ended[r["lane"]] = self._stop(t, r, "pruned", f"cut short at rung {r['rung'] + 1}: the trial "
+                                                              "ends before its next judgement")
             else:
                 going.append((t, r))
         for t, r in going:
@@ -175,6 +182,11 @@ class LaneBroker:
                     point = suggest(t, self.study.space)
                 new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
         return {"ended": ended, "new": new}
+
+    def _prune(self, t: Any, rung: int, batch: dict[int, float]) -> bool:
+        """Optuna's successive-halving pruner on ``t`` (reported at ``rung``), with the other lanes
+        that reached that rung after the same chunk (``batch``) counted as having reached it."""
+        return self.pruner.prune(_WithBatch(self.ostudy, t.number, rung, batch), t._get_latest_trial())
 
     def _ask(self, static: dict[str, Any]) -> Any:
         """A new Optuna trial with the ``static`` values fixed, as ``enqueue_trial`` then ``ask`` fix
@@ -228,6 +240,28 @@ class LaneBroker:
                     attrs = t.user_attrs
                     self._asked[(attrs[TRIAL_ATTR], attrs["after_chunk"], attrs["lane"])] = t.number
         return self._asked.get((trial, chunk, lane))
+
+
+class _WithBatch:
+    """The study as Optuna's successive-halving pruner reads it while it judges one lane: the
+    study's trials, where the lanes of the same batch that it has not judged yet already hold
+    their value at the rung (the attribute the pruner writes for each trial it judges there)."""
+
+    def __init__(self, study: Any, judged: int, rung: int, batch: dict[int, float]) -> None:
+        self._study, self._judged, self._batch = study, judged, batch
+        self._key = f"completed_rung_{rung}"  # optuna.pruners._successive_halving._completed_rung_key
+        self._storage, self.direction = study._storage, study.direction
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        import copy
+
+        out = []
+        for t in self._study.get_trials(deepcopy=False, states=states):
+            if t.number in self._batch and t.number != self._judged and self._key not in t.system_attrs:
+                t = copy.copy(t)
+                t.system_attrs = {**t.system_attrs, self._key: self._batch[t.number]}
+            out.append(t)
+        return out
 
 
 @dataclass
@@ -302,10 +336,16 @@ class LaneTrial:
             if lane.judged < len(self.rungs) and steps >= self.rungs[lane.judged]:
                 rung = lane.judged
                 lane.judged += 1
-            values = _floats(runner.lane_objective([c])[0]) if rung is not None else None
+            values = reach = None
+            if rung is not None:
+                values = _floats(runner.lane_objective([c])[0])
+                # promoted here, would it reach its next judgement (a rung, or its whole budget) in time?
+                target = self.rungs[lane.judged] if lane.judged < len(self.rungs) else runner.budget_steps
+                left = runner.total_chunks - len(runner.curves)
+                reach = runner.config.env_steps_after(runner.lane_chunks(c) + left) >= target
             out.append({"lane": c, "number": lane.number, "steps": steps, "rung": rung, "values": values,
                         "diverged": bool(r.diverged[c].any()), "finished": c in finished, "last": last,
-                        "scores": self._evaluated[c][0] if c in self._evaluated else None})
+                        "reach": reach, "scores": self._evaluated[c][0] if c in self._evaluated else None})
         return out
 
     def _record(self, runner: Any, lane: int, ended: dict[str, Any]) -> dict[str, Any]:

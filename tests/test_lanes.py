@@ -155,21 +155,72 @@ def test_broker__promotes_the_top_third_at_a_rung_and_refills_the_others_with_th
     assert len(ostudy.get_trials()) == trials_before
 
 
-def test_broker__lanes_at_a_rung_in_one_chunk_are_judged_best_first_whatever_their_lane(tmp_path):
+def test_broker__lanes_at_a_rung_in_one_chunk_are_judged_together_whatever_their_lane(tmp_path):
     """Four lanes reach rung 1 after the same chunk, the worst in lane 0: only the best goes on
-    (judged in lane order, lane 0 went on for being first and lane 1 for beating it). On the
-    trial's last chunk, a lane at a rung is still judged: stopped there, or cut short if promoted."""
+    (top 1/3 of 4; judged in lane order, lane 0 went on for being first and lane 1 for beating it).
+    On the trial's last chunk, a lane at a rung is still judged: stopped there, or cut short if
+    promoted."""
     _, ostudy, broker = _broker(tmp_path)
     first = [ostudy.ask() for _ in range(6)]
     values = [1.0, 5.0, 3.0, 20.0]
     answer = broker.step(0, 1, {"num_minibatches": "4"},
                          [_at(lane, t.number, 128, v) for lane, (t, v) in enumerate(zip(first, values))], True)
     assert sorted(answer["ended"]) == [0, 1, 2] and sorted(answer["new"]) == [0, 1, 2]
-    ending = [_at(0, first[4].number, 128, 0.5, last=True), _at(1, first[5].number, 128, 50.0, last=True)]
+    ending = [_at(0, first[4].number, 128, 0.5, last=True, reach=False),
+              _at(1, first[5].number, 128, 50.0, last=True, reach=False)]
     last = broker.step(1, 9, {"num_minibatches": "4"}, ending, False)
     assert last == {"ended": {0: {"status": "pruned", "why": "stopped at rung 1 (128 env steps)"},
-                              1: {"status": "pruned", "why": "cut short: the trial's budget ended"}}, "new": {}}
+                              1: {"status": "pruned", "why": "cut short at rung 1: the trial ends before its "
+                                                             "next judgement"}}, "new": {}}
     assert ostudy.get_trials()[first[5].number].intermediate_values == {128: 50.0}
+
+
+def test_broker__a_wide_batch_keeps_the_top_third_of_all_that_reached_the_rung(tmp_path):
+    """64 lanes (a GPU's kernel) reach rung 1 at once: the best 21 go on, as ASHA's "top 1/eta of
+    those that reached the rung" reads (judged one after another, best first, only the best went
+    on; in lane order, the running maxima). A second batch is judged with the first counted."""
+    import optuna
+
+    _, ostudy, broker = _broker(tmp_path)
+    rng = np.random.default_rng(0)
+    first = [ostudy.ask() for _ in range(64)]
+    values = rng.permutation(64).astype(float)
+    answer = broker.step(0, 1, {"num_minibatches": "4"},
+                         [_at(lane, t.number, 128, v) for lane, (t, v) in enumerate(zip(first, values))], False)
+    kept = sorted(set(range(64)) - set(answer["ended"]))
+    assert sorted(values[kept]) == list(range(43, 64))  # the top 21 of 64, wherever their lanes
+    second = [ostudy.ask() for _ in range(8)]
+    more = [10.5, 60.5, 42.5, 70.0, 0.5, 50.5, 44.5, 30.5]
+    answer = broker.step(1, 1, {"num_minibatches": "4"},
+                         [_at(lane, t.number, 128, v) for lane, (t, v) in enumerate(zip(second, more))], False)
+    # 72 at the rung: the top 24 are values 70, 63..44, 60.5, 50.5, 44.5: of these 8, those four go on
+    assert sorted(set(range(8)) - set(answer["ended"])) == [1, 3, 5, 6]
+    pruned = {t.number for t in ostudy.get_trials() if t.state == optuna.trial.TrialState.PRUNED}
+    assert len(pruned) == 43 + 4
+
+
+def test_lane_trial__says_whether_a_configuration_promoted_now_reaches_its_next_judgement_in_time():
+    """A trial of 27 chunks, configurations of 9 (rungs after 1 and 3): a lane at its second rung
+    with 6 chunks left can train to its budget if promoted; with 5 left it cannot (the broker
+    then stops it at the rung and refills its lane instead of training it until the trial ends)."""
+    from types import SimpleNamespace
+
+    from harness.lanes import Lane, LaneTrial
+
+    def runner(chunk: int) -> SimpleNamespace:
+        row = SimpleNamespace(lane_steps=np.array([768, 256]), diverged=np.zeros((2, 2), bool))
+        config = SimpleNamespace(num_chunks=9, env_steps_after=lambda n: 256 * n)
+        return SimpleNamespace(curves=[row] * chunk, total_chunks=27, budget_steps=2304, config=config,
+                               lane_chunks=lambda c: [3, 1][c], lane_objective=lambda lanes: np.ones((1, 2)))
+
+    def reach(chunk: int) -> list:
+        lanes = [Lane(0, {}, {}, chunk - 3, 0, judged=1), Lane(1, {}, {}, chunk - 1, 1)]
+        trial = LaneTrial(0, {}, [256, 768], lanes)
+        return [(r["rung"], r["reach"]) for r in trial.reports(runner(chunk), last=False)]
+
+    assert reach(21) == [(1, True), (0, True)]
+    assert reach(22) == [(1, False), (0, True)]  # 3 + 5 chunks: 2048 of 2304 steps
+    assert reach(26) == [(1, False), (0, False)]  # 1 + 1 chunks: not at the next rung (768)
 
 
 def test_broker__refills_numbered_0_mod_3_are_proposed_at_random_the_others_by_tpe(tmp_path):
