@@ -11,7 +11,7 @@ Two sides, one round trip per chunk per trial:
   that reached that rung, whether it goes on (asynchronous successive halving; lanes reaching a
   rung after the same chunk are judged together, as having reached it at once, so no lane's
   index decides; a promoted one that the trial's end would cut short before its next judgement
-  stops there instead, and its lane is refilled). A stopped,
+  stops there instead, its lane refilled while the trial has room for a new one). A stopped,
   finished or diverged configuration is told to Optuna, and its lane gets a new proposal with
   the trial's static values: TPE's, but about one in ``EXPLORE`` at random (as BOHB does: those
   whose Optuna number is a multiple of ``EXPLORE``, so a resumed study asks the same way).
@@ -147,12 +147,16 @@ class LaneBroker:
         # lane went on for beating the lanes before it (in lane order, about 2 of a study's first 4,
         # whatever their values; best first, only the best of a first batch). As ASHA reads "top
         # 1/eta of those that reached the rung", each is judged with all of its batch counted.
+        # Grouped by the rung Optuna judges each at (the rungs it has passed there), which is the
+        # lane's own count unless a rung value could not be computed (then Optuna lags a rung).
         batch: dict[int, dict[int, float]] = {}  # rung -> {Optuna number: value} of this chunk's lanes
+        at: dict[int, int] = {}  # Optuna number -> its rung
         for value, t, r in judged:
             t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
-            batch.setdefault(r["rung"], {})[t.number] = value
+            at[t.number] = sum(k.startswith("completed_rung_") for k in t._get_latest_trial().system_attrs)
+            batch.setdefault(at[t.number], {})[t.number] = value
         for _, t, r in judged:
-            if self._prune(t, r["rung"], batch[r["rung"]]):
+            if self._prune(t, at[t.number], batch[at[t.number]]):
                 why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
                 ended[r["lane"]] = self._stop(t, r, "pruned", why)
             elif not r.get("reach", True):  # promoted, but the trial ends before its next judgement:

@@ -176,9 +176,10 @@ def test_broker__lanes_at_a_rung_in_one_chunk_are_judged_together_whatever_their
 
 
 def test_broker__a_wide_batch_keeps_the_top_third_of_all_that_reached_the_rung(tmp_path):
-    """64 lanes (a GPU's kernel) reach rung 1 at once: the best 21 go on, as ASHA's "top 1/eta of
-    those that reached the rung" reads (judged one after another, best first, only the best went
-    on; in lane order, the running maxima). A second batch is judged with the first counted."""
+    """64 lanes (a GPU's kernel) reach a study's first rung at once: the best 21 go on, as ASHA's
+    "top 1/eta of those that reached the rung" reads (judged one after another, best first, only
+    the best went on; in lane order, those in the top third of the lanes before them). A second
+    batch is judged with the first counted."""
     import optuna
 
     _, ostudy, broker = _broker(tmp_path)
