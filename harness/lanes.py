@@ -119,6 +119,8 @@ class LaneBroker:
 
     def _step(self, trial: int, chunk: int, static: dict[str, Any], lanes: list[dict[str, Any]],
               refill: bool) -> dict[str, Any]:
+        from optuna.pruners._successive_halving import _get_current_rung  # the pruner's own rung count
+
         from harness.search import CONFIG_ATTR, TRIAL_ATTR, suggest
         from harness.stats import config_score
 
@@ -153,13 +155,13 @@ class LaneBroker:
         at: dict[int, int] = {}  # Optuna number -> its rung
         for value, t, r in judged:
             t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
-            at[t.number] = sum(k.startswith("completed_rung_") for k in t._get_latest_trial().system_attrs)
+            at[t.number] = _get_current_rung(t._get_latest_trial())
             batch.setdefault(at[t.number], {})[t.number] = value
         for _, t, r in judged:
             if self._prune(t, at[t.number], batch[at[t.number]]):
                 why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
                 ended[r["lane"]] = self._stop(t, r, "pruned", why)
-            elif not r.get("reach", True):  # promoted, but the trial ends before its next judgement:
+            elif not r["reach"]:  # promoted, but the trial ends before its next judgement:
                 # stopped now, so its lane trains a new configuration instead of one that cannot finish
                 ended[r["lane"]] = self._stop(t, r, "pruned", f"cut short at rung {r['rung'] + 1}: the trial "
                                                               "ends before its next judgement")
@@ -252,8 +254,9 @@ class _WithBatch:
     their value at the rung (the attribute the pruner writes for each trial it judges there)."""
 
     def __init__(self, study: Any, judged: int, rung: int, batch: dict[int, float]) -> None:
+        from optuna.pruners._successive_halving import _completed_rung_key  # the attribute the pruner reads
         self._study, self._judged, self._batch = study, judged, batch
-        self._key = f"completed_rung_{rung}"  # optuna.pruners._successive_halving._completed_rung_key
+        self._key = _completed_rung_key(rung)
         self._storage, self.direction = study._storage, study.direction
 
     def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:

@@ -113,7 +113,7 @@ def _broker(tmp_path, min_steps=100):
 
 def _at(lane, number, steps, value, **kw):
     return {"lane": lane, "number": number, "steps": steps, "rung": 0, "values": [value], "diverged": False,
-            "finished": False, "last": False, "scores": None, **kw}
+            "finished": False, "last": False, "reach": True, "scores": None, **kw}
 
 
 def test_broker__promotes_the_top_third_at_a_rung_and_refills_the_others_with_the_trials_static_values(tmp_path):
