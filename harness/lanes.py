@@ -39,6 +39,7 @@ import numpy as np
 ETA = 3  # successive halving's reduction factor: rungs at 1/9, 1/3 and the whole budget
 EXPLORE = 3  # with TPE, refills whose Optuna number is a multiple of EXPLORE are proposed at random
 ROUNDS = 3  # a trial whose lanes are refilled runs as long as ROUNDS trials without refills
+VERDICT_ATTR = "verdict"  # a lane's Optuna trial: its latest judgement {"at": env steps, "prune", "attrs"}
 
 
 def rungs(min_steps: int, budget_steps: int, eta: int = ETA) -> list[int]:
@@ -153,12 +154,22 @@ class LaneBroker:
         # lane's own count unless a rung value could not be computed (then Optuna lags a rung).
         batch: dict[int, dict[int, float]] = {}  # rung -> {Optuna number: value} of this chunk's lanes
         at: dict[int, int] = {}  # Optuna number -> its rung
+        verdicts: dict[int, dict[str, Any]] = {}  # Optuna number -> a verdict a broker before this one wrote
         for value, t, r in judged:
-            t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
+            frozen = t._get_latest_trial()
+            verdict = frozen.user_attrs.get(VERDICT_ATTR)
+            if verdict is not None and verdict["at"] >= r["steps"]:  # judged here (or later) before a kill
+                verdicts[t.number] = verdict if verdict["at"] == r["steps"] else {"prune": False, "attrs": {}}
+                continue
+            if r["steps"] not in frozen.intermediate_values:
+                t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
             at[t.number] = _get_current_rung(t._get_latest_trial())
             batch.setdefault(at[t.number], {})[t.number] = value
         for _, t, r in judged:
-            if self._prune(t, at[t.number], batch[at[t.number]]):
+            verdict = verdicts.get(t.number) or self._judge(t, int(r["steps"]), at[t.number], batch[at[t.number]])
+            for key, value in verdict["attrs"].items():  # the pruner's rung values, written after its verdict
+                self.ostudy._storage.set_trial_system_attr(t._trial_id, key, value)
+            if verdict["prune"]:
                 why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
                 ended[r["lane"]] = self._stop(t, r, "pruned", why)
             elif not r["reach"]:  # promoted, but the trial ends before its next judgement:
@@ -189,10 +200,20 @@ class LaneBroker:
                 new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
         return {"ended": ended, "new": new}
 
-    def _prune(self, t: Any, rung: int, batch: dict[int, float]) -> bool:
+    def _judge(self, t: Any, steps: int, rung: int, batch: dict[int, float]) -> dict[str, Any]:
         """Optuna's successive-halving pruner on ``t`` (reported at ``rung``), with the other lanes
-        that reached that rung after the same chunk (``batch``) counted as having reached it."""
-        return self.pruner.prune(_WithBatch(self.ostudy, t.number, rung, batch), t._get_latest_trial())
+        that reached that rung after the same chunk (``batch``) counted as having reached it.
+
+        The verdict is written to the trial (``VERDICT_ATTR``) before anything it decides: the
+        pruner's rung values (which it would write as it judges; here they are held back and
+        returned in ``attrs``) and the tell. A broker killed in between leaves the verdict, and
+        the broker after it answers as it did; judged again, the trial's own rung value would
+        count it a rung further and promote it."""
+        view = _WithBatch(self.ostudy, t.number, rung, batch)
+        prune = self.pruner.prune(view, t._get_latest_trial())
+        verdict = {"at": steps, "prune": bool(prune), "attrs": view.written}
+        t.set_user_attr(VERDICT_ATTR, verdict)
+        return verdict
 
     def _ask(self, static: dict[str, Any]) -> Any:
         """A new Optuna trial with the ``static`` values fixed, as ``enqueue_trial`` then ``ask`` fix
@@ -251,13 +272,25 @@ class LaneBroker:
 class _WithBatch:
     """The study as Optuna's successive-halving pruner reads it while it judges one lane: the
     study's trials, where the lanes of the same batch that it has not judged yet already hold
-    their value at the rung (the attribute the pruner writes for each trial it judges there)."""
+    their value at the rung (the attribute the pruner writes for each trial it judges there).
+    What the pruner writes is kept in ``written`` (the broker writes it after the verdict)."""
 
     def __init__(self, study: Any, judged: int, rung: int, batch: dict[int, float]) -> None:
         from optuna.pruners._successive_halving import _completed_rung_key  # the attribute the pruner reads
         self._study, self._judged, self._batch = study, judged, batch
         self._key = _completed_rung_key(rung)
-        self._storage, self.direction = study._storage, study.direction
+        self.direction = study.direction
+        self.written: dict[str, float] = {}
+        view = self
+
+        class _Held:  # the storage as the pruner sees it: reads pass through, its rung values are held
+            def __getattr__(self, name: str) -> Any:
+                return getattr(study._storage, name)
+
+            def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+                view.written[key] = value
+
+        self._storage = _Held()
 
     def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
         import copy

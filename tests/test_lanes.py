@@ -175,6 +175,33 @@ def test_broker__lanes_at_a_rung_in_one_chunk_are_judged_together_whatever_their
     assert ostudy.get_trials()[first[5].number].intermediate_values == {128: 50.0}
 
 
+def test_broker__a_broker_killed_between_its_verdict_and_the_tell_is_answered_as_it_judged(tmp_path, monkeypatch):
+    """The broker dies (its driver killed) after the pruner judged a lane at a rung and before
+    Optuna was told: the broker after it answers that chunk as the first one judged. (Judged again,
+    the rung value the pruner had written made Optuna count the lane a rung further: promoted.)"""
+    from harness.lanes import LaneBroker
+
+    _, ostudy, broker = _broker(tmp_path)
+    first = [ostudy.ask() for _ in range(4)]
+    static = {"num_minibatches": "4"}
+    reports = [_at(lane, t.number, 128, v) for lane, (t, v) in enumerate(zip(first, [1.0, 5.0, 3.0, 20.0]))]
+
+    def killed(self, *args, **kwargs):
+        raise KeyboardInterrupt  # the driver's process ends here
+    monkeypatch.setattr(LaneBroker, "_stop", killed)
+    with pytest.raises(KeyboardInterrupt):
+        broker.step(0, 1, static, reports, True)
+    monkeypatch.undo()
+    _, _, fresh = _broker(tmp_path)
+    answer = fresh.step(0, 1, static, reports, True)
+    assert sorted(answer["ended"]) == [0, 1, 2] and sorted(answer["new"]) == [0, 1, 2]
+    assert {lane: e["why"] for lane, e in answer["ended"].items()} == {
+        lane: "stopped at rung 1 (128 env steps)" for lane in (0, 1, 2)}
+    # the rung values the first broker's verdicts held back are written: a later lane is judged against all four
+    later = ostudy.ask()
+    assert fresh.step(1, 1, static, [_at(0, later.number, 128, 4.0)], False)["ended"][0]["status"] == "pruned"
+
+
 def test_broker__a_wide_batch_keeps_the_top_third_of_all_that_reached_the_rung(tmp_path):
     """64 lanes (a GPU's kernel) reach a study's first rung at once: the best 21 go on, as ASHA's
     "top 1/eta of those that reached the rung" reads (judged one after another, best first, only
