@@ -2,7 +2,7 @@
 lane-level successive halving against today's trial-level ASHA and TPE without early stopping.
 
     python bench/search_efficiency.py [--envs cartpole,dungeon,acrobot] [--study-seeds 3] [--first-seed 0] [--tiny]
-                                      [--timesteps N] [--top-k 3] [--methods tpe,trial,lane]
+                                      [--timesteps N] [--top-k 3] [--methods tpe,trial,lane] [--held-out 16]
 
 For each env and study seed, three studies through ``python -m harness.study`` (embedded Ray,
 ``--no-ablation``): the search, then the study's answer as a user gets it, its top 3
@@ -17,13 +17,16 @@ configurations re-trained on fresh seeds and the best of them by that re-evaluat
   same env steps (within one chunk per lane trial).
 
 Per method: configurations evaluated (every one that trained to its first judgement or further),
-env steps trained (every lane of every kernel, all seeds), the answer's score re-evaluated on
-fresh seeds (as a margin above random play where the env has a reference:
-CartPole 22, the dungeon -0.86, Acrobot -500), wall time. Means over study seeds, spread in
-brackets. The closing lines per env:
+env steps trained (every lane of every kernel, all seeds), the answer's score as the study
+reports it (its top 3 re-trained on the study's fresh seeds, the best of them: that pick and the
+score use the same seeds, so the score leans high), the answer's score on held-out seeds (every
+method's answer re-trained in one kernel on ``--held-out`` seeds no study used, the same seeds
+for all methods, so the methods' differences are paired), wall time. Scores as margins above
+random play where the env has a reference (CartPole 22, the dungeon -0.86, Acrobot -500). Means
+over study seeds, spread in brackets. The closing lines per env:
 
     ratio configs lane/trial <env>: X   (configurations per env step, lane over trial)
-    ratio best lane/trial <env>: Y      (best re-evaluated margin, lane over trial)
+    ratio best lane/trial <env>: Y      (the answer's held-out margin, lane over trial)
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ ENVS: dict[str, dict[str, Any]] = {
                     tiny=dict(trials=2, configs=2, seeds=1, timesteps=20_480)),
 }
 METHODS = {"tpe": "none", "trial": "asha", "lane": "lanes"}
+HELD_OUT_TRIAL = 10_000  # the held-out seeds: this trial number of the final phase's stream, which no study runs
 
 
 def study_file(folder: Path, env: str, seed: int, top_k: int = 3, final_seeds: int | None = None) -> Path:
@@ -107,6 +111,33 @@ def run_study(path: Path, out: Path, method: str, budget: dict[str, int]) -> dic
     return dict(configs=evaluated, env_steps=steps, best=float("nan") if best is None else best, wall_s=wall)
 
 
+def held_out(folders: dict[str, Path], seeds: int, study_seed: int) -> dict[str, float]:
+    """Each study's answer re-trained on ``seeds`` held-out seeds, the same for every study
+    (one kernel per static config); its mean score."""
+    from harness.kernel import FINAL, TrialPlan, TrialRunner
+
+    answers: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
+    for method, folder in folders.items():
+        best = json.loads((folder / "reports" / "best.json").read_text())
+        if not best.get("reproduce"):
+            continue
+        first = best["reproduce"]["plans"][0]  # the final phase's plan: its static config, the answer's values
+        answers[method] = first["plan"], first["plan"]["hparams"][first["config_index"]]
+    out: dict[str, float] = {}
+    for config in {json.dumps(plan["config"], sort_keys=True) for plan, _ in answers.values()}:
+        group = [m for m, (plan, _) in answers.items() if json.dumps(plan["config"], sort_keys=True) == config]
+        plan = answers[group[0]][0]
+        runner = TrialRunner(TrialPlan(
+            env=plan["env"], algo=plan["algo"], config=plan["config"], hparams=[answers[m][1] for m in group],
+            seeds=seeds, trial=HELD_OUT_TRIAL, study_seed=study_seed, stream=FINAL, objective=plan["objective"],
+            threshold=plan["threshold"], curve_episodes=plan["curve_episodes"]))
+        while not runner.done:
+            runner.chunk()
+        for m, scores in zip(group, runner.finish().scores, strict=True):
+            out[m] = float(np.nanmean(scores))
+    return out
+
+
 def matched_trials(trial_steps: int, budget: dict[str, int]) -> int:
     """The --trials that gives a lane study ``trial_steps`` env steps (all lanes busy to the end)."""
     per_trial = budget["configs"] * budget["seeds"] * budget["timesteps"]
@@ -128,6 +159,7 @@ def main() -> None:
                    help="a tiny budget, the answer re-trained on 2 fresh seeds (the test suite's run)")
     p.add_argument("--timesteps", type=int, help="env steps per configuration (default: each env's budget)")
     p.add_argument("--methods", default="tpe,trial,lane", help="which of tpe, trial, lane (trial and lane always)")
+    p.add_argument("--held-out", type=int, help="held-out seeds each answer is re-trained on (16; --tiny: 2)")
     args = p.parse_args()
     methods = [m for m in METHODS if m in {*args.methods.split(","), "trial", "lane"}]
     names = [e for e in args.envs.split(",") if e]
@@ -148,23 +180,36 @@ def main() -> None:
                     r = run_study(path, Path(tmp) / f"{method}-{seed}", method, b)
                     rows[env][method].append(r)
                     print(env, seed, method, json.dumps(r), flush=True)
+                held = held_out({m: Path(tmp) / f"{m}-{seed}" / path.stem for m in methods},
+                                args.held_out or (2 if args.tiny else 16), seed)
+                for method in methods:
+                    rows[env][method][-1]["held_out"] = held.get(method, float("nan"))
+                print(env, seed, "held out:", json.dumps(held), flush=True)
     print()
     for env in names:
         ref = ENVS[env]["reference"]
-        print(f"{env}: {budget_of(env, args)}, {args.study_seeds} study seeds; best = the "
-              f"answer (best of the top {args.top_k} re-trained) on fresh seeds minus random play's ({ref:g})")
-        print(f"  {'method':7} {'configs':>16} {'env steps':>12} {'configs/M steps':>16} {'best margin':>22} "
-              f"{'wall_s':>7}")
+        held = args.held_out or (2 if args.tiny else 16)
+        print(f"{env}: {budget_of(env, args)}, {args.study_seeds} study seeds; margins above random play's "
+              f"({ref:g}): as reported = the study's answer (best of its top {args.top_k} re-trained on its "
+              f"fresh seeds), held out = that answer on {held} seeds no study used")
+        print(f"  {'method':7} {'configs':>16} {'env steps':>12} {'configs/M steps':>16} {'as reported':>22} "
+              f"{'held out':>22} {'wall_s':>7}")
         stats = {}
         for method, rs in rows[env].items():
             configs = np.array([r["configs"] for r in rs], float)
             steps = np.array([r["env_steps"] for r in rs], float)
             margin = np.array([r["best"] - ref for r in rs], float)
+            kept = np.array([r["held_out"] - ref for r in rs], float)
             per = configs / steps * 1e6
-            stats[method] = (per.mean(), np.nanmean(margin))
+            stats[method] = (per.mean(), np.nanmean(kept), kept)
             print(f"  {method:7} {configs.mean():>7.1f} [{configs.min():.0f}..{configs.max():.0f}] "
                   f"{steps.mean():>12,.0f} {per.mean():>16.2f} {np.nanmean(margin):>10.2f} "
-                  f"[{np.nanmin(margin):.2f}..{np.nanmax(margin):.2f}] {np.mean([r['wall_s'] for r in rs]):>7.1f}")
+                  f"[{np.nanmin(margin):.2f}..{np.nanmax(margin):.2f}] {np.nanmean(kept):>10.2f} "
+                  f"[{np.nanmin(kept):.2f}..{np.nanmax(kept):.2f}] {np.mean([r['wall_s'] for r in rs]):>7.1f}")
+        diff = stats["lane"][2] - stats["trial"][2]
+        se = np.nanstd(diff, ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+        print(f"  lane - trial, held out, paired by study seed: {np.nanmean(diff):+.2f} (SE {se:.2f}; "
+              f"lane ahead on {int((diff > 0).sum())} of {len(diff)})")
         print(f"ratio configs lane/trial {env}: {stats['lane'][0] / stats['trial'][0]:.2f}")
         print(f"ratio best lane/trial {env}: {stats['lane'][1] / stats['trial'][1]:.2f}")
 
