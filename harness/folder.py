@@ -57,6 +57,7 @@ class StudyMeta:
     space: dict[str, str] = field(default_factory=dict)  # searched name -> "log", "uniform", "int", "categorical"
     eval_policy: str = "greedy"
     reference: dict[str, Any] | None = None  # {"label", "return"}
+    rounds: float | None = None  # a lane study: its lane trials' length in trials (Settings.with_rounds)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys this version does not know: kept
 
     @property

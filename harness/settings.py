@@ -63,6 +63,7 @@ class Settings:
     smoke: bool
     resume_command: str  # the command that resumes this study (printed when it stops early)
     ablation: bool = True  # the ablation path after the final phase (harness.ablation)
+    rounds: float | None = None  # with lanes: a lane trial's length in trials (with_rounds); None: not set yet
 
     @property
     def config_fields(self) -> frozenset[str]:
@@ -85,17 +86,34 @@ class Settings:
 
     def tune_trials(self, budget: Budget) -> int:
         """Ray Tune trials the search runs: the budget's, or with ``lanes`` one per
-        :data:`harness.lanes.ROUNDS` of them (each as long as that many, its lanes refilled)."""
-        from harness.lanes import ROUNDS
-
-        return -(-budget.trials // ROUNDS) if self.scheduler == "lanes" else budget.trials
+        :meth:`lane_rounds` of them (each as long as that many, its lanes refilled; a ``--trials``
+        that grows a resumed lane study grows it by whole lane trials)."""
+        if self.scheduler != "lanes":
+            return budget.trials
+        return max(1, math.ceil(budget.trials / self.lane_rounds(budget) - 1e-9))
 
     def lane_rounds(self, budget: Budget) -> float:
-        """How many trials' worth of chunks one lane trial runs: the budget's trials over
-        :meth:`tune_trials` (so the lane trials together train the budget's env steps)."""
+        """How many trials' worth of chunks one lane trial runs (:meth:`with_rounds`; before it,
+        the budget's trials over one lane trial per :data:`harness.lanes.ROUNDS` of them)."""
         from harness.lanes import ROUNDS
 
-        return budget.trials / -(-budget.trials // ROUNDS)
+        return self.rounds or budget.trials / -(-budget.trials // ROUNDS)
+
+    def with_rounds(self, budget: Budget, slots: int, stored: StudyMeta | None) -> Settings:
+        """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy, each
+        at least :data:`harness.lanes.ROUNDS` trials long, so the budget's env steps go to as few
+        lane-trial ends as the machine allows: in the chunks before a lane trial's end a new
+        configuration cannot finish, so they add configurations seen at a rung, never one trained to
+        the end (CartPole, 12 trials on 2 cores: 2 lane trials of 6 trained 29 configurations to the
+        end, 4 of 3 trained 17; bench/RESULTS.md). A resumed study keeps its own length."""
+        if self.scheduler != "lanes":
+            return self
+        from harness.lanes import ROUNDS
+
+        if stored is not None and stored.scheduler == "lanes" and stored.budget:
+            old = stored.budget["trials"]  # a folder from before this was stored: the rule it was started with
+            return dataclasses.replace(self, rounds=stored.rounds or old / -(-old // ROUNDS))
+        return dataclasses.replace(self, rounds=budget.trials / max(1, min(-(-budget.trials // ROUNDS), slots)))
 
     def lanes(self, budget: Budget, broker: str) -> dict[str, Any] | None:
         """A search plan's ``lanes`` entry (``scheduler == "lanes"``), or None: rungs from 1/eta**2
@@ -161,7 +179,7 @@ class Settings:
                                    scheduler=self.scheduler, seed=s.seed, smoke=self.smoke, created=created)
         return dataclasses.replace(
             base, budget=dataclasses.asdict(budget), space={n: _kind(d) for n, d in s.space.items()},
-            eval_policy=s.config.get("eval_policy", "greedy"),
+            eval_policy=s.config.get("eval_policy", "greedy"), rounds=self.rounds,
             reference=None if s.reference is None else {"label": s.reference_label, "return": s.reference})
 
 

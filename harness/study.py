@@ -140,6 +140,7 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
         with cluster.session(settings, folder) as urls:
             place = cluster.placement(cluster.cache_dir())
             budget = settings.budget(place.kind)
+            settings = settings.with_rounds(budget, place.slots, stored)
             place = cluster.fit_trials(settings, budget, place)
             created = datetime.datetime.now().isoformat(timespec="seconds")
             folder.write_meta(settings.meta(budget, stored, created))

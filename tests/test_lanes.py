@@ -354,6 +354,36 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
 
 # ---- the driver's side: lane plans, the broker's life, records and reports ----------------------
 
+def test_settings__as_few_lane_trials_as_keep_every_slot_busy_each_at_least_three_long(tmp_path):
+    """Fewer, longer lane trials end fewer times (a new configuration started in a lane trial's
+    last stretch cannot finish). A resumed study keeps its lane trials' length, whatever the
+    machine it resumes on; one from before the length was stored keeps the rule it started with."""
+    import studies
+    from harness.space import Budget
+    from tests.driver import settings_for
+
+    lanes = settings_for(studies.get("cartpole_ppo"), tmp_path, scheduler="lanes")
+
+    def shape(trials: int, slots: int, stored=None, settings=lanes) -> tuple[int, float]:
+        b = Budget(trials=trials, configs_per_trial=4, seeds=2, timesteps=300_000)
+        s = settings.with_rounds(b, slots, stored)
+        return s.tune_trials(b), s.lane_rounds(b)
+
+    assert shape(12, 2) == (2, 6.0)  # a 2-core laptop at the registered CPU budget
+    assert shape(12, 8) == (4, 3.0)  # more slots than 12 / 3: lane trials of 3
+    assert shape(5, 2) == (2, 2.5) and shape(2, 2) == (1, 2.0) and shape(16, 4) == (4, 4.0)
+    b = Budget(trials=12, configs_per_trial=4, seeds=2, timesteps=300_000)
+    meta = lanes.with_rounds(b, 2, None).meta(b, None, "2026-11-27T12:00:00")
+    assert meta.rounds == 6.0
+    assert shape(12, 8, meta) == (2, 6.0)  # resumed on another machine: the same lane trials
+    assert shape(24, 8, meta) == (4, 6.0)  # --trials grown: by whole lane trials of the same length
+    older = dataclasses.replace(meta, rounds=None)  # study.json written before the length was stored
+    assert shape(12, 2, older) == (4, 3.0)
+    asha = settings_for(studies.get("cartpole_ppo"), tmp_path, scheduler="asha")
+    assert shape(12, 2, settings=asha)[0] == 12 and asha.with_rounds(b, 2, None).rounds is None
+
+
+
 class _LaneTune:
     """Stands in for ``harness.tuning.run`` for a lane study: each proposed trial reaches its broker
     once (as a trial does after each chunk) and ends with its first configurations trained to the
