@@ -2,7 +2,8 @@
 lane-level successive halving against today's trial-level ASHA and TPE without early stopping.
 
     python bench/search_efficiency.py [--envs cartpole,dungeon,acrobot] [--study-seeds 3] [--first-seed 0] [--tiny]
-                                      [--timesteps N] [--top-k 3] [--methods tpe,trial,lane] [--held-out 16]
+                                      [--timesteps N] [--trials 6] [--top-k 3] [--methods tpe,trial,lane]
+                                      [--held-out 16]
 
 For each env and study seed, three studies through ``python -m harness.study`` (embedded Ray,
 ``--no-ablation``): the search, then the study's answer as a user gets it, its top 3
@@ -146,7 +147,8 @@ def matched_trials(trial_steps: int, budget: dict[str, int]) -> int:
 
 def budget_of(env: str, args: argparse.Namespace) -> dict[str, int]:
     budget = dict(ENVS[env]["tiny" if args.tiny else "full"])
-    return {**budget, "timesteps": args.timesteps} if args.timesteps else budget
+    given = {"timesteps": args.timesteps, "trials": args.trials}
+    return {**budget, **{k: v for k, v in given.items() if v}}
 
 
 def main() -> None:
@@ -158,6 +160,7 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true",
                    help="a tiny budget, the answer re-trained on 2 fresh seeds (the test suite's run)")
     p.add_argument("--timesteps", type=int, help="env steps per configuration (default: each env's budget)")
+    p.add_argument("--trials", type=int, help="the trial-level studies' trials (6)")
     p.add_argument("--methods", default="tpe,trial,lane", help="which of tpe, trial, lane (trial and lane always)")
     p.add_argument("--held-out", type=int, help="held-out seeds each answer is re-trained on (16; --tiny: 2)")
     args = p.parse_args()
