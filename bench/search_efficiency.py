@@ -191,10 +191,10 @@ def main() -> None:
     print()
     for env in names:
         ref = ENVS[env]["reference"]
-        held = args.held_out or (2 if args.tiny else 16)
+        n_held = args.held_out or (2 if args.tiny else 16)
         print(f"{env}: {budget_of(env, args)}, {args.study_seeds} study seeds; margins above random play's "
               f"({ref:g}): as reported = the study's answer (best of its top {args.top_k} re-trained on its "
-              f"fresh seeds), held out = that answer on {held} seeds no study used")
+              f"fresh seeds), held out = that answer on {n_held} seeds no study used")
         print(f"  {'method':7} {'configs':>16} {'env steps':>12} {'configs/M steps':>16} {'as reported':>22} "
               f"{'held out':>22} {'wall_s':>7}")
         stats = {}

@@ -38,7 +38,7 @@ import numpy as np
 
 ETA = 3  # successive halving's reduction factor: rungs at 1/9, 1/3 and the whole budget
 EXPLORE = 3  # with TPE, refills whose Optuna number is a multiple of EXPLORE are proposed at random
-ROUNDS = 3  # a trial whose lanes are refilled runs at least as long as ROUNDS trials (Settings.with_rounds)
+ROUNDS = 3  # lane trials: at most one per ROUNDS of the budget's trials (Settings.with_rounds)
 VERDICT_ATTR = "verdict"  # a lane's Optuna trial: its latest judgement {"at": env steps, "prune", "attrs"}
 
 

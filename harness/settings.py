@@ -100,12 +100,13 @@ class Settings:
         return self.rounds or budget.trials / -(-budget.trials // ROUNDS)
 
     def with_rounds(self, budget: Budget, slots: int, stored: StudyMeta | None) -> Settings:
-        """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy, each
-        at least :data:`harness.lanes.ROUNDS` trials long, so the budget's env steps go to as few
-        lane-trial ends as the machine allows: in the chunks before a lane trial's end a new
-        configuration cannot finish, so they add configurations seen at a rung, never one trained to
-        the end (CartPole, 12 trials on 2 cores: 2 lane trials of 6 trained 29 configurations to the
-        end, 4 of 3 trained 17; bench/RESULTS.md). A resumed study keeps its own length."""
+        """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy (the
+        slots the trials fit in), and no more than one per :data:`harness.lanes.ROUNDS` of the
+        budget's trials, so its env steps go to as few lane-trial ends as the machine allows: in the
+        chunks before a lane trial's end a new configuration cannot finish, so they add
+        configurations seen at a rung, never one trained to the end (CartPole, 12 trials on 2 cores:
+        2 lane trials of 6 trained 21-29 configurations to the end, 4 of 3 trained 17; bench/RESULTS.md).
+        A resumed study keeps its own length."""
         if self.scheduler != "lanes":
             return self
         from harness.lanes import ROUNDS
@@ -179,7 +180,7 @@ class Settings:
                                    scheduler=self.scheduler, seed=s.seed, smoke=self.smoke, created=created)
         return dataclasses.replace(
             base, budget=dataclasses.asdict(budget), space={n: _kind(d) for n, d in s.space.items()},
-            eval_policy=s.config.get("eval_policy", "greedy"), rounds=self.rounds,
+            eval_policy=s.config.get("eval_policy", "greedy"), rounds=self.rounds or base.rounds,
             reference=None if s.reference is None else {"label": s.reference_label, "return": s.reference})
 
 

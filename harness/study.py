@@ -140,8 +140,8 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
         with cluster.session(settings, folder) as urls:
             place = cluster.placement(cluster.cache_dir())
             budget = settings.budget(place.kind)
-            settings = settings.with_rounds(budget, place.slots, stored)
             place = cluster.fit_trials(settings, budget, place)
+            settings = settings.with_rounds(budget, place.slots, stored)  # the slots the trials fit in
             created = datetime.datetime.now().isoformat(timespec="seconds")
             folder.write_meta(settings.meta(budget, stored, created))
             for line in header(settings, budget, place, folder, *urls):

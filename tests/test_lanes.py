@@ -175,7 +175,9 @@ def test_broker__lanes_at_a_rung_in_one_chunk_are_judged_together_whatever_their
     assert ostudy.get_trials()[first[5].number].intermediate_values == {128: 50.0}
 
 
-def test_broker__a_broker_killed_between_its_verdict_and_the_tell_is_answered_as_it_judged(tmp_path, monkeypatch):
+@pytest.mark.parametrize("killed_at", ["the tell", "the rung values"])
+def test_broker__a_broker_killed_between_its_verdict_and_the_tell_is_answered_as_it_judged(tmp_path, monkeypatch,
+                                                                                           killed_at):
     """The broker dies (its driver killed) after the pruner judged a lane at a rung and before
     Optuna was told: the broker after it answers that chunk as the first one judged. (Judged again,
     the rung value the pruner had written made Optuna count the lane a rung further: promoted.)"""
@@ -186,9 +188,13 @@ def test_broker__a_broker_killed_between_its_verdict_and_the_tell_is_answered_as
     static = {"num_minibatches": "4"}
     reports = [_at(lane, t.number, 128, v) for lane, (t, v) in enumerate(zip(first, [1.0, 5.0, 3.0, 20.0]))]
 
-    def killed(self, *args, **kwargs):
+    def killed(*args, **kwargs):
         raise KeyboardInterrupt  # the driver's process ends here
-    monkeypatch.setattr(LaneBroker, "_stop", killed)
+
+    if killed_at == "the tell":
+        monkeypatch.setattr(LaneBroker, "_stop", killed)
+    else:  # after the verdict, before the rung values the pruner decided on are written
+        monkeypatch.setattr(broker.ostudy._storage, "set_trial_system_attr", killed)
     with pytest.raises(KeyboardInterrupt):
         broker.step(0, 1, static, reports, True)
     monkeypatch.undo()
@@ -354,7 +360,7 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
 
 # ---- the driver's side: lane plans, the broker's life, records and reports ----------------------
 
-def test_settings__as_few_lane_trials_as_keep_every_slot_busy_each_at_least_three_long(tmp_path):
+def test_settings__as_few_lane_trials_as_keep_every_slot_busy_at_most_one_per_three_trials(tmp_path):
     """Fewer, longer lane trials end fewer times (a new configuration started in a lane trial's
     last stretch cannot finish). A resumed study keeps its lane trials' length, whatever the
     machine it resumes on; one from before the length was stored keeps the rule it started with."""
@@ -381,7 +387,8 @@ def test_settings__as_few_lane_trials_as_keep_every_slot_busy_each_at_least_thre
     assert shape(12, 2, older) == (4, 3.0)
     asha = settings_for(studies.get("cartpole_ppo"), tmp_path, scheduler="asha")
     assert shape(12, 2, settings=asha)[0] == 12 and asha.with_rounds(b, 2, None).rounds is None
-
+    # resumed once without --scheduler lanes: study.json keeps the length for the next lanes run
+    assert asha.meta(b, meta, "2026-11-27T13:00:00").rounds == 6.0
 
 
 class _LaneTune:
