@@ -101,8 +101,9 @@ class Settings:
 
     def with_rounds(self, budget: Budget, slots: int, stored: StudyMeta | None) -> Settings:
         """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy (the
-        slots the trials fit in), and no more than one per :data:`harness.lanes.ROUNDS` of the
-        budget's trials, so its env steps go to as few lane-trial ends as the machine allows: in the
+        slots the trials fit in) and leave room for each combination of the static choices (which
+        split trials), and no more than one per :data:`harness.lanes.ROUNDS` of the budget's
+        trials, so its env steps go to as few lane-trial ends as the machine allows: in the
         chunks before a lane trial's end a new configuration cannot finish, so they add
         configurations seen at a rung, never one trained to the end (CartPole, 12 trials on 2 cores:
         2 lane trials of 6 trained 21-29 configurations to the end, 4 of 3 trained 17; bench/RESULTS.md).
@@ -114,7 +115,9 @@ class Settings:
         if stored is not None and stored.scheduler == "lanes" and stored.budget:
             old = stored.budget["trials"]  # a folder from before this was stored: the rule it was started with
             return dataclasses.replace(self, rounds=stored.rounds or old / -(-old // ROUNDS))
-        return dataclasses.replace(self, rounds=budget.trials / max(1, min(-(-budget.trials // ROUNDS), slots)))
+        points = sum(1 for _ in static_points(self.study, set(self.config_fields)))
+        lane_trials = max(1, min(-(-budget.trials // ROUNDS), max(slots, points)))
+        return dataclasses.replace(self, rounds=budget.trials / lane_trials)
 
     def lanes(self, budget: Budget, broker: str) -> dict[str, Any] | None:
         """A search plan's ``lanes`` entry (``scheduler == "lanes"``), or None: rungs from 1/eta**2

@@ -360,7 +360,7 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
 
 # ---- the driver's side: lane plans, the broker's life, records and reports ----------------------
 
-def test_settings__as_few_lane_trials_as_keep_every_slot_busy_at_most_one_per_three_trials(tmp_path):
+def test_settings__lane_trials_fill_the_slots_and_the_static_points_at_most_one_per_three_trials(tmp_path):
     """Fewer, longer lane trials end fewer times (a new configuration started in a lane trial's
     last stretch cannot finish). A resumed study keeps its lane trials' length, whatever the
     machine it resumes on; one from before the length was stored keeps the rule it started with."""
@@ -378,6 +378,12 @@ def test_settings__as_few_lane_trials_as_keep_every_slot_busy_at_most_one_per_th
     assert shape(12, 2) == (2, 6.0)  # a 2-core laptop at the registered CPU budget
     assert shape(12, 8) == (4, 3.0)  # more slots than 12 / 3: lane trials of 3
     assert shape(5, 2) == (2, 2.5) and shape(2, 2) == (1, 2.0) and shape(16, 4) == (4, 4.0)
+    # one slot: still a lane trial for each of the study's 2 static points (num_minibatches 4 or 8) ...
+    assert shape(12, 1) == (2, 6.0)
+    # ... and one lane trial where nothing is static
+    study = studies.get("cartpole_ppo")
+    plain = dataclasses.replace(study, space={k: v for k, v in study.space.items() if k != "num_minibatches"})
+    assert shape(12, 1, settings=settings_for(plain, tmp_path, scheduler="lanes")) == (1, 12.0)
     b = Budget(trials=12, configs_per_trial=4, seeds=2, timesteps=300_000)
     meta = lanes.with_rounds(b, 2, None).meta(b, None, "2026-11-27T12:00:00")
     assert meta.rounds == 6.0
