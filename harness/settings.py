@@ -106,7 +106,7 @@ class Settings:
         trials, so its env steps go to as few lane-trial ends as the machine allows: in the
         chunks before a lane trial's end a new configuration cannot finish, so they add
         configurations seen at a rung, never one trained to the end (CartPole, 12 trials on 2 cores:
-        2 lane trials of 6 trained 21-29 configurations to the end, 4 of 3 trained 17; bench/RESULTS.md).
+        2 lane trials of 6 trained 26.7 configurations to the end, 4 of 3 trained 20; bench/RESULTS.md).
         A resumed study keeps its own length."""
         if self.scheduler != "lanes":
             return self
