@@ -120,9 +120,7 @@ class LaneBroker:
 
     def _step(self, trial: int, chunk: int, static: dict[str, Any], lanes: list[dict[str, Any]],
               refill: bool) -> dict[str, Any]:
-        from optuna.pruners._successive_halving import _get_current_rung  # the pruner's own rung count
 
-        from harness.search import CONFIG_ATTR, TRIAL_ATTR, suggest
         from harness.stats import config_score
 
         ended: dict[int, dict[str, Any]] = {}
@@ -139,12 +137,24 @@ class LaneBroker:
             if r["diverged"]:
                 ended[r["lane"]] = self._stop(t, r, "diverged", "diverged")
             elif r["finished"]:
-                value = config_score(r["scores"], None, self.study.metric)
+                value = config_score(r["scores"], None, metric)
                 ended[r["lane"]] = self._stop(t, r, "complete", "trained its whole budget", value)
             elif r["rung"] is not None and (value := config_score(r["values"], None, metric)) is not None:
                 judged.append((value, t, r))
             else:
                 going.append((t, r))
+        self._judge_batch(judged, ended, going)
+        for t, r in going:
+            if r["last"]:  # the trial's budget ends before this configuration's does
+                ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
+        return {"ended": ended, "new": self._refills(trial, chunk, static, sorted(ended)) if refill else {}}
+
+    def _judge_batch(self, judged: list[tuple[float, Any, dict[str, Any]]], ended: dict[int, dict[str, Any]],
+                     going: list[tuple[Any, dict[str, Any]]]) -> None:
+        """The lanes of one chunk at a rung (``judged``: value, Optuna trial, report): each stopped
+        (into ``ended``) or going on (into ``going``)."""
+        from optuna.pruners._successive_halving import _get_current_rung  # the pruner's own rung count
+
         # Lanes that reached a rung after the same chunk are judged together: Optuna's pruner compares
         # a configuration with those that reached the rung before it, so judged one after another a
         # lane went on for beating the lanes before it (in lane order, about 2 of a study's first 4,
@@ -178,27 +188,29 @@ class LaneBroker:
                                                               "ends before its next judgement")
             else:
                 going.append((t, r))
-        for t, r in going:
-            if r["last"]:  # the trial's budget ends before this configuration's does
-                ended[r["lane"]] = self._stop(t, r, "pruned", "cut short: the trial's budget ended")
+
+    def _refills(self, trial: int, chunk: int, static: dict[str, Any],
+                 lanes: list[int]) -> dict[int, dict[str, Any]]:
+        """New configurations with the trial's ``static`` values for ``lanes`` (ended after ``chunk``)."""
+        from harness.search import CONFIG_ATTR, TRIAL_ATTR, suggest
+
         new: dict[int, dict[str, Any]] = {}
-        if refill:
-            for lane in sorted(ended):  # asked in lane order: Optuna numbers rise with the lanes
-                before = self._asked_before(trial, chunk, lane)
-                if before is not None:  # a killed driver's broker asked it: the same configuration again
-                    t = self._trial(before)
-                    point = suggest(t, self.study.space)  # its stored values (Optuna returns them as set)
-                else:
-                    t = self._ask(static)
-                    # where it belongs first: a broker after a kill here finds it and hands it out again
-                    t.set_user_attr(TRIAL_ATTR, trial)
-                    t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
-                    t.set_user_attr("lane", lane)
-                    t.set_user_attr("after_chunk", chunk)
-                    self._trials[t.number] = t
-                    point = suggest(t, self.study.space)
-                new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
-        return {"ended": ended, "new": new}
+        for lane in lanes:  # asked in lane order: Optuna numbers rise with the lanes
+            before = self._asked_before(trial, chunk, lane)
+            if before is not None:  # a killed driver's broker asked it: the same configuration again
+                t = self._trial(before)
+                point = suggest(t, self.study.space)  # its stored values (Optuna returns them as set)
+            else:
+                t = self._ask(static)
+                # where it belongs first: a broker after a kill here finds it and hands it out again
+                t.set_user_attr(TRIAL_ATTR, trial)
+                t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
+                t.set_user_attr("lane", lane)
+                t.set_user_attr("after_chunk", chunk)
+                self._trials[t.number] = t
+                point = suggest(t, self.study.space)
+            new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
+        return new
 
     def _judge(self, t: Any, steps: int, rung: int, batch: dict[int, float]) -> dict[str, Any]:
         """Optuna's successive-halving pruner on ``t`` (reported at ``rung``), with the other lanes
