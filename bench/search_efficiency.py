@@ -33,6 +33,7 @@ over study seeds, spread in brackets. The closing lines per env:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -115,7 +116,7 @@ def run_study(path: Path, out: Path, method: str, budget: dict[str, int]) -> dic
 def held_out(folders: dict[str, Path], seeds: int, study_seed: int) -> dict[str, float]:
     """Each study's answer re-trained on ``seeds`` held-out seeds, the same for every study
     (one kernel per static config); its mean score."""
-    from harness.kernel import FINAL, TrialPlan, TrialRunner
+    from harness.kernel import FINAL, TrialPlan, run_trial
 
     answers: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
     for method, folder in folders.items():
@@ -127,14 +128,9 @@ def held_out(folders: dict[str, Path], seeds: int, study_seed: int) -> dict[str,
     out: dict[str, float] = {}
     for config in {json.dumps(plan["config"], sort_keys=True) for plan, _ in answers.values()}:
         group = [m for m, (plan, _) in answers.items() if json.dumps(plan["config"], sort_keys=True) == config]
-        plan = answers[group[0]][0]
-        runner = TrialRunner(TrialPlan(
-            env=plan["env"], algo=plan["algo"], config=plan["config"], hparams=[answers[m][1] for m in group],
-            seeds=seeds, trial=HELD_OUT_TRIAL, study_seed=study_seed, stream=FINAL, objective=plan["objective"],
-            threshold=plan["threshold"], curve_episodes=plan["curve_episodes"]))
-        while not runner.done:
-            runner.chunk()
-        for m, scores in zip(group, runner.finish().scores, strict=True):
+        plan = dataclasses.replace(TrialPlan(**answers[group[0]][0]), hparams=[answers[m][1] for m in group],
+                                   seeds=seeds, trial=HELD_OUT_TRIAL, study_seed=study_seed, stream=FINAL)
+        for m, scores in zip(group, run_trial(plan).scores, strict=True):
             out[m] = float(np.nanmean(scores))
     return out
 
@@ -170,6 +166,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown env {', '.join(unknown)}; choose from {', '.join(ENVS)}")
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    n_held = args.held_out or (2 if args.tiny else 16)
     with tempfile.TemporaryDirectory(prefix="search-efficiency-") as tmp:
         for env in names:
             budget = budget_of(env, args)
@@ -183,15 +180,13 @@ def main() -> None:
                     r = run_study(path, Path(tmp) / f"{method}-{seed}", method, b)
                     rows[env][method].append(r)
                     print(env, seed, method, json.dumps(r), flush=True)
-                held = held_out({m: Path(tmp) / f"{m}-{seed}" / path.stem for m in methods},
-                                args.held_out or (2 if args.tiny else 16), seed)
+                held = held_out({m: Path(tmp) / f"{m}-{seed}" / path.stem for m in methods}, n_held, seed)
                 for method in methods:
                     rows[env][method][-1]["held_out"] = held.get(method, float("nan"))
                 print(env, seed, "held out:", json.dumps(held), flush=True)
     print()
     for env in names:
         ref = ENVS[env]["reference"]
-        n_held = args.held_out or (2 if args.tiny else 16)
         print(f"{env}: {budget_of(env, args)}, {args.study_seeds} study seeds; margins above random play's "
               f"({ref:g}): as reported = the study's answer (best of its top {args.top_k} re-trained on its "
               f"fresh seeds), held out = that answer on {n_held} seeds no study used")
