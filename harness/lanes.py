@@ -281,6 +281,20 @@ class LaneBroker:
         return self._asked.get((trial, chunk, lane))
 
 
+class _Held:
+    """A storage as the pruner sees it through :class:`_WithBatch`: reads pass through, the trial
+    attributes it writes (its rung values) go to ``written``."""
+
+    def __init__(self, storage: Any, written: dict[str, Any]) -> None:
+        self._inner, self._written = storage, written
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._written[key] = value
+
+
 class _WithBatch:
     """The study as Optuna's successive-halving pruner reads it while it judges one lane: the
     study's trials, where the lanes of the same batch that it has not judged yet already hold
@@ -293,16 +307,7 @@ class _WithBatch:
         self._key = _completed_rung_key(rung)
         self.direction = study.direction
         self.written: dict[str, float] = {}
-        view = self
-
-        class _Held:  # the storage as the pruner sees it: reads pass through, its rung values are held
-            def __getattr__(self, name: str) -> Any:
-                return getattr(study._storage, name)
-
-            def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-                view.written[key] = value
-
-        self._storage = _Held()
+        self._storage = _Held(study._storage, self.written)
 
     def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
         import copy

@@ -113,8 +113,8 @@ class Settings:
         from harness.lanes import ROUNDS
 
         if stored is not None and stored.scheduler == "lanes" and stored.budget:
-            old = stored.budget["trials"]  # a folder from before this was stored: the rule it was started with
-            return dataclasses.replace(self, rounds=stored.rounds or old / -(-old // ROUNDS))
+            # its own length; None in a folder from before it was stored: lane_rounds' rule, as it started with
+            return dataclasses.replace(self, rounds=stored.rounds)
         points = sum(1 for _ in static_points(self.study, set(self.config_fields)))
         lane_trials = max(1, min(-(-budget.trials // ROUNDS), max(slots, points)))
         return dataclasses.replace(self, rounds=budget.trials / lane_trials)
