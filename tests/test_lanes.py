@@ -270,13 +270,56 @@ def test_broker__refills_numbered_0_mod_3_are_proposed_at_random_the_others_by_t
     for k in range(40):  # the best near lr 1e-4, the worst near 3e-3
         lr = 1e-4 * 30 ** (k / 39)
         ostudy.add_trial(optuna.trial.create_trial(params={"lr": lr}, distributions=dists, value=-k))
-    asked = [broker._ask({"num_minibatches": "4"}) for _ in range(24)]
+    read, asked = ostudy.get_trials(deepcopy=False), []
+    for _ in range(24):
+        broker._ask({"num_minibatches": "4"}, read, asked)
     lrs = {t.number: t.suggest_float("lr", 1e-4, 3e-3, log=True) for t in asked}
     assert all(t.suggest_categorical("num_minibatches", ["4", "8"]) == "4" for t in asked)
     by_tpe = [lr for n, lr in lrs.items() if n % EXPLORE]
     at_random = [lr for n, lr in lrs.items() if n % EXPLORE == 0]
     assert len(at_random) == 8 and max(by_tpe) < 3e-4, lrs
     assert sum(lr > 3e-4 for lr in at_random) >= 2, lrs  # uniform in log space: 68% of draws land there
+
+
+def test_broker__a_lane_judged_at_two_rungs_in_a_chunk_counts_for_the_lanes_judged_after_it(tmp_path):
+    """The study's trials are read once per batch: the rung values its verdicts write must still
+    count for the lanes judged after them, as they would read from the storage."""
+    settings, ostudy, broker = _broker(tmp_path)  # rungs at 100 and 300 env steps, top 1/3 go on
+    a, b = ostudy.ask(), ostudy.ask()
+    static = {"num_minibatches": "8"}
+    assert broker.step(0, 1, static, [_at(1, b.number, 128, 10.0)], False)["ended"] == {}  # alone: goes on
+    # a, new and at 384 steps, passes rungs 0 and 1 in one judgement (the best at both); b, judged
+    # after it at rung 1, is behind a there and stops
+    answer = broker.step(0, 2, static, [_at(0, a.number, 384, 50.0), _at(1, b.number, 384, 10.0, rung=1)], False)
+    assert answer["ended"] == {1: {"status": "pruned", "why": "stopped at rung 2 (384 env steps)"}}
+
+
+def test_broker__a_steps_samplers_see_the_study_as_its_storage_holds_it_after_each_ask(tmp_path):
+    """A step's refills are proposed from the trials read once at its first proposal plus its own
+    new ones (TPE reads the study for each parameter: ~40 ms a read from SQLite with 64 lanes
+    running); what the samplers see must be what the storage would give them, the constant
+    liar's running trials with their values so far included."""
+    import optuna
+
+    from harness.search import suggest
+
+    settings, ostudy, broker = _broker(tmp_path)
+    for k in range(6):  # finished, pruned and running trials before the step
+        t = ostudy.ask()
+        suggest(t, settings.study.space)
+        if k < 4:
+            ostudy.tell(t, float(k)) if k % 2 else ostudy.tell(t, state=optuna.trial.TrialState.PRUNED)
+    S = optuna.trial.TrialState
+    seen = lambda trials: [(t.number, t.state, t.params) for t in trials]  # noqa: E731
+    read, asked = ostudy.get_trials(deepcopy=False), []
+    for k in range(4):
+        t = broker._ask({"num_minibatches": "8"}, read, asked)
+        view = t.study
+        if k % 2:  # the view also holds a new trial's values sampled so far
+            suggest(t, settings.study.space)
+        for states in (None, (S.COMPLETE, S.PRUNED), (S.COMPLETE, S.PRUNED, S.RUNNING)):
+            assert seen(view._get_trials(deepcopy=False, states=states)) == seen(ostudy.get_trials(states=states))
+    assert len(ostudy.get_trials()) == 10 and len(asked) == 4
 
 
 def test_broker__tells_finished_diverged_and_cut_short_configurations_and_refills_only_when_asked(tmp_path):
