@@ -12,14 +12,29 @@ _FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import jax  # noqa: E402
 
+HLO_DIR: Path | None = None  # --hlo DIR: each compiled program's optimized HLO is written there
 
-def compile_and_time(fn: Callable, *args: Any) -> tuple[Callable, float]:
-    """AOT-compiles ``jax.jit(fn)`` for ``args``; returns the executable and seconds taken."""
+
+def compile_and_time(fn: Callable, *args: Any, name: str | None = None) -> tuple[Callable, float]:
+    """AOT-compiles ``jax.jit(fn)`` for ``args``; returns the executable and seconds taken. With
+    ``HLO_DIR`` set and a ``name``, writes the optimized program to ``HLO_DIR/name.hlo`` (read with
+    no device time: which kernels each loop body launches)."""
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
-    return compiled, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if HLO_DIR is not None and name:
+        HLO_DIR.mkdir(parents=True, exist_ok=True)
+        text = compiled.as_text()
+        (HLO_DIR / f"{name}.hlo").write_text(text)
+        count = lambda op: len(re.findall(rf" {op}\(", text))  # noqa: E731
+        print(f"hlo {name}: {count('fusion')} fusions, {count('custom-call')} custom calls, "
+              f"{count('while')} loops -> {HLO_DIR / (name + '.hlo')}", flush=True)
+    return compiled, seconds
 
 
 def time_whole_run(algo: Any, keys: jax.Array, hp: Any, eval_keys: jax.Array) -> tuple[Any, float, float]:
@@ -32,7 +47,7 @@ def time_whole_run(algo: Any, keys: jax.Array, hp: Any, eval_keys: jax.Array) ->
         state, _ = batched(algo.chunk)(state, hp)
         return batched(algo.evaluate, hparams_argnum=None)(state, eval_keys).return_mean
 
-    fn, compile_s = compile_and_time(train, keys, hp, eval_keys)
+    fn, compile_s = compile_and_time(train, keys, hp, eval_keys, name=f"us_{keys.size}")
     returns, run_s = timed(lambda: fn(keys, hp, eval_keys))
     return returns, compile_s, run_s
 
@@ -55,7 +70,7 @@ def run_rejax(algo: Any, seeds: int, steps_per_seed: int) -> dict:
         _, (_, returns) = jax.vmap(algo.train)(keys)
         return returns[:, -1].mean(-1)
 
-    fn, compile_s = compile_and_time(train, keys)
+    fn, compile_s = compile_and_time(train, keys, name=f"rejax_{seeds}")
     returns, run_s = timed(lambda: fn(keys))
     return dict(impl="rejax", seeds=seeds, compile_s=compile_s, run_s=run_s,
                 sps=steps_per_seed * seeds / run_s, **{"return": float(returns.mean())})
@@ -81,7 +96,10 @@ def main(doc: str, run_ours: Callable, run_rejax: Callable, *, default_timesteps
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--timesteps", type=int, default=default_timesteps)
+    parser.add_argument("--hlo", type=Path, help="write each compiled program's optimized HLO to this folder")
     args = parser.parse_args()
+    global HLO_DIR
+    HLO_DIR = args.hlo
     rows = []
     for seeds in args.seeds:
         for runner in (run_ours, run_rejax):

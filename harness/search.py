@@ -22,7 +22,7 @@ from ray.tune.search import Searcher
 
 from harness.folder import InFlight
 from harness.kernel import TrialPlan
-from harness.space import Categorical, Int, LogUniform, Study, Uniform
+from harness.space import Categorical, Int, LogUniform, Study, Uniform, label
 from harness.stats import config_score, config_value
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -105,6 +105,11 @@ def decoded(params: dict[str, Any], space: dict[str, Any]) -> dict[str, Any]:
     return {n: space[n].value(v) if isinstance(space.get(n), Categorical) else v for n, v in params.items()}
 
 
+def encoded(point: dict[str, Any], space: dict[str, Any]) -> dict[str, Any]:
+    """``point``'s values as Optuna holds them (static choices as their labels): ``decoded``'s inverse."""
+    return {n: label(v) if isinstance(space.get(n), Categorical) else v for n, v in point.items()}
+
+
 def next_trial_number(ostudy: optuna.Study) -> int:
     numbers = [t.user_attrs.get(TRIAL_ATTR, -1) for t in ostudy.get_trials(deepcopy=False)]
     return max(numbers, default=-1) + 1
@@ -130,13 +135,16 @@ class BatchedOptunaSearcher(Searcher):
             proposed, so a driver killed meanwhile can go on with it.
         adopt: in-flight entries of a killed driver, proposed again first (same trial number,
             plan and Optuna trials) with ``resume_from``: their checkpoints, newest first.
+        first_statics: static points (``{name: value}``) that trials 0, 1, ... take in turn, one
+            each, before the sampler chooses (a lane study's few long trials: each combination of
+            the static choices trained once; left to TPE, 2 lane trials drew the same one).
     """
 
     def __init__(self, study: Study, ostudy: optuna.Study, *, static_names: list[str],
                  configs_per_trial: int, make_plan: PlanFactory, extra: dict[str, Any],
                  on_complete: Callable[[dict], None], is_pruned: Callable[[str], bool],
                  on_suggest: Callable[[InFlight], None] | None = None,
-                 adopt: list[InFlight] | None = None) -> None:
+                 adopt: list[InFlight] | None = None, first_statics: list[dict[str, Any]] | None = None) -> None:
         super().__init__(metric="score", mode="max" if study.direction == "maximize" else "min")
         self.study, self.ostudy = study, ostudy
         self.static_names, self.c = static_names, configs_per_trial
@@ -147,6 +155,7 @@ class BatchedOptunaSearcher(Searcher):
         self.nodes: dict[str, list[str]] = {}  # the Ray nodes (IPs) each trial ran on, in order
         self._next = next_trial_number(ostudy)
         self.on_suggest, self.adopt = on_suggest, list(adopt or [])
+        self.first_statics = [encoded(p, study.space) for p in first_statics or []]
         self.reported: set[tuple[int, int]] = set()  # (Optuna number, step) already told to Optuna
         self.lane_ended: dict[str, dict[int, dict[str, Any]]] = {}  # lane trials: configurations ended so far
 
@@ -154,6 +163,8 @@ class BatchedOptunaSearcher(Searcher):
         if self.adopt:
             return self._adopt(trial_id, self.adopt.pop(0))
         number, self._next = self._next, self._next + 1
+        if number < len(self.first_statics):
+            self.ostudy.enqueue_trial(self.first_statics[number])
         first = self.ostudy.ask()
         points = [suggest(first, self.study.space)]
         trials = [first]

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # script -> (tiny arguments, a line its output must contain)
 TINY = {
-    "ppo_cartpole.py": (["--seeds", "1", "2", "--timesteps", "2048"], "ratio us/rejax:"),
+    "ppo_cartpole.py": (["--seeds", "1", "2", "--timesteps", "2048", "--hlo", "{tmp}"], "ratio us/rejax:"),
     "sac_pendulum.py": (["--seeds", "1", "--timesteps", "1500"], "ratio us/rejax:"),
     "env_steps.py": (["--envs", "1", "8", "--size", "6", "--steps", "400"], "ratio snake us/jumanji:"),
     "profile_ppo.py": (["--updates", "2"], "sum"),
@@ -32,6 +32,7 @@ TINY = {
     "checkpoint_cost.py": (["--studies", "cartpole_ppo", "--chunks", "1"],
                            "ratio wall time checkpoint-every-chunk/bare:"),
     "study_load.py": (["--trials", "4"], "ratio last/first:"),
+    "lane_broker.py": (["--lanes", "6", "--steps", "2"], "ratio optuna/us"),
     "env_coverage.py": (["--libraries", "gymnax", "--only", "gymnax:Catch-bsuite"],
                         "gymnax: 1/1 envs train, 0 refused with a reason, 0 fail in the kernel"),
     # Brax's cheapest pipeline (spring): both trainers compile in 68 s on one core, not 90 (positional)
@@ -51,8 +52,9 @@ def test_bench__every_script_is_covered():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(TINY))
-def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script, cache_home):
+def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script, cache_home, tmp_path):
     args, expect = TINY[script]
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     from tests.conftest import fast_compile_env
 
     env = fast_compile_env({**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
@@ -63,3 +65,7 @@ def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script, cache_hom
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert expect in r.stdout, r.stdout[-2000:]
+    if "--hlo" in args:  # each compiled program's HLO written, its kernels counted
+        written = sorted(p.name for p in tmp_path.glob("*.hlo"))
+        assert written == ["rejax_1.hlo", "rejax_2.hlo", "us_1.hlo", "us_2.hlo"], written
+        assert "hlo us_2: " in r.stdout and " fusions, " in r.stdout

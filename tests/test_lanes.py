@@ -472,6 +472,31 @@ class _LaneTune:
                                                     "lane_configs": json.dumps(lane_configs)})
 
 
+def test_searcher__a_lane_studys_first_trials_take_each_static_combination_in_turn(tmp_path):
+    import optuna
+
+    import studies
+    from harness.search import BatchedOptunaSearcher, open_study
+    from tests.driver import plan_maker, settings_for
+
+    study = studies.get("cartpole_ppo")
+    assert settings_for(study, tmp_path, scheduler="lanes").first_statics() == [{"num_minibatches": 4},
+                                                                                {"num_minibatches": 8}]
+    assert settings_for(study, tmp_path).first_statics() == []  # trial-level ASHA: the sampler's choice
+    for order in ([4, 8], [8, 4]):  # one sampler seed cannot draw both orders
+        ostudy = open_study(study, f"sqlite:///{tmp_path / f'o{order[0]}.db'}", seed=0)
+        s = BatchedOptunaSearcher(study, ostudy, static_names=["num_minibatches"], configs_per_trial=2,
+                                  make_plan=plan_maker(study, tmp_path, seeds=2, timesteps=2048), extra={},
+                                  on_complete=lambda r: None, is_pruned=lambda t: False,
+                                  first_statics=[{"num_minibatches": n} for n in order])
+        plans = [s.suggest(str(k))["plan"] for k in range(3)]
+        assert [p["config"]["num_minibatches"] for p in plans[:2]] == order
+        shared = [{t.params["num_minibatches"] for t in ostudy.trials if t.user_attrs["tune_trial"] == k}
+                  for k in range(3)]
+        assert [len(v) for v in shared] == [1, 1, 1]  # each trial's configurations share it
+        assert not ostudy.get_trials(states=(optuna.trial.TrialState.WAITING,))
+
+
 def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_path, monkeypatch, capsys):
     import studies
     from harness import lanes, report, search_phase, tuning
