@@ -1,4 +1,4 @@
-"""The lane broker's step against Optuna's own per-lane loop, on the same SQLite storage and study.
+"""The lane broker's step against Optuna's own per-lane loop: same study, values, pruner and sampler.
 
     python bench/lane_broker.py                  # 64 lanes (a GPU lane trial), 8 steps
     python bench/lane_broker.py --lanes 8 --steps 2
@@ -9,8 +9,10 @@ so what the broker spends shows in the trial's speed. Each step here puts every 
 values for both sides (seeded), then refills what was stopped. Optuna's loop is what a user of
 its API would write: per lane ``report``, ``should_prune``, ``tell`` and, for a stopped one,
 ``ask`` and suggest with the trial's static values. Both sides start from the same 64 running
-trials in their own storage, with the cartpole_ppo study's space, pruner (successive halving,
-eta 3) and TPE (multivariate, constant liar).
+trials, each in its own SQLite storage, with the cartpole_ppo study's space, pruner (successive
+halving, eta 3) and TPE (multivariate, constant liar). The broker judges a chunk's lanes at a rung
+together and Optuna's loop one after another, so they stop a few different configurations: each
+side's count of stopped and refilled ones is printed beside its time.
 """
 
 from __future__ import annotations

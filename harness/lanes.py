@@ -178,13 +178,13 @@ class LaneBroker:
         # the study's trials read once for the batch (from SQLite ~40 ms a read, per lane judged before),
         # with the rung values the batch's verdicts write as they are written
         trials = self.ostudy.get_trials(deepcopy=False) if len(verdicts) < len(judged) else []
-        wrote: dict[int, dict[str, Any]] = {}
+        rung_attrs: dict[int, dict[str, Any]] = {}
         for _, t, r in judged:
             verdict = verdicts.get(t.number) or self._judge(t, int(r["steps"]), at[t.number], batch[at[t.number]],
-                                                            trials, wrote)
+                                                            trials, rung_attrs)
             for key, value in verdict["attrs"].items():  # the pruner's rung values, written after its verdict
                 self.ostudy._storage.set_trial_system_attr(t._trial_id, key, value)
-            wrote.setdefault(t.number, {}).update(verdict["attrs"])
+            rung_attrs.setdefault(t.number, {}).update(verdict["attrs"])
             if verdict["prune"]:
                 why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
                 ended[r["lane"]] = self._stop(t, r, "pruned", why)
@@ -201,29 +201,28 @@ class LaneBroker:
         from harness.search import CONFIG_ATTR, TRIAL_ATTR, suggest
 
         new: dict[int, dict[str, Any]] = {}
-        asked: list[Any] = []  # this step's new Optuna trials, as the samplers see them
-        read: list[Any] = []  # the study's trials, read at the step's first proposal
+        step_trials: list[Any] = []  # this step's new Optuna trials, as the samplers see them
+        snapshot: list[Any] = []  # the study's trials, read at the step's first proposal
         for lane in lanes:  # asked in lane order: Optuna numbers rise with the lanes
             before = self._asked_before(trial, chunk, lane)
             if before is not None:  # a killed driver's broker asked it: the same configuration again
                 t = self._trial(before)
                 point = suggest(t, self.study.space)  # its stored values (Optuna returns them as set)
             else:
-                read = read or self.ostudy.get_trials(deepcopy=False)
-                t = self._ask(static, read, asked)
+                t = self._ask(static, snapshot, step_trials)
                 # where it belongs first: a broker after a kill here finds it and hands it out again
                 t.set_user_attr(TRIAL_ATTR, trial)
                 t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
                 t.set_user_attr("lane", lane)
                 t.set_user_attr("after_chunk", chunk)
                 point = suggest(t, self.study.space)
-                t.study = t.study.study  # the study itself again: the step's view is not kept
+                t.study = t.study.inner  # the study itself again: the step's view is not kept
                 self._trials[t.number] = t
             new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
         return new
 
     def _judge(self, t: Any, steps: int, rung: int, batch: dict[int, float], trials: list[Any],
-               wrote: dict[int, dict[str, Any]]) -> dict[str, Any]:
+               rung_attrs: dict[int, dict[str, Any]]) -> dict[str, Any]:
         """Optuna's successive-halving pruner on ``t`` (reported at ``rung``), with the other lanes
         that reached that rung after the same chunk (``batch``) counted as having reached it.
 
@@ -232,29 +231,34 @@ class LaneBroker:
         returned in ``attrs``) and the tell. A broker killed in between leaves the verdict, and
         the broker after it answers as it did; judged again, the trial's own rung value would
         count it a rung further and promote it. ``trials``: the study's, read once per batch, and
-        ``wrote``: the rung values written since (by Optuna number), as the storage now holds them."""
-        view = _WithBatch(self.ostudy, trials, wrote, t.number, rung, batch)
+        ``rung_attrs``: the rung values the batch's verdicts wrote since (by Optuna number); the
+        pruner reads nothing else of the others."""
+        view = _WithBatch(self.ostudy, trials, rung_attrs, t.number, rung, batch)
         prune = self.pruner.prune(view, t._get_latest_trial())
         verdict = {"at": steps, "prune": bool(prune), "attrs": view.written}
         t.set_user_attr(VERDICT_ATTR, verdict)
         return verdict
 
-    def _ask(self, static: dict[str, Any], read: list[Any], asked: list[Any]) -> Any:
+    def _ask(self, static: dict[str, Any], snapshot: list[Any], step_trials: list[Any]) -> Any:
         """A new Optuna trial with the ``static`` values fixed, as ``enqueue_trial`` then ``ask`` fix
         them, but never through the study's queue of waiting trials: the driver's searcher enqueues
         and asks there at the same time, and ``ask`` pops whichever waiting trial comes first.
-        Its sampler sees the study through :class:`_StepView` (``read``, and ``asked`` before it),
-        to which the new trial is added."""
+        Its sampler sees the study through :class:`_StepView`: ``snapshot`` (read here at the
+        step's first proposal, and again if another process added trials since) and the step's
+        trials before it (``step_trials``, to which it is added)."""
         import optuna
 
         study = self.ostudy
         trial_id = study._storage.create_new_trial(study._study_id)
         study._storage.set_trial_system_attr(trial_id, "fixed_params", static)
-        study._thread_local.cached_all_trials = None
-        if self.explore is not None and study._storage.get_trial_number_from_id(trial_id) % EXPLORE == 0:
+        study._thread_local.cached_all_trials = None  # Optuna's per-ask cache, as study.ask resets it
+        number = study._storage.get_trial_number_from_id(trial_id)
+        if not snapshot or number != 1 + max(t.number for t in snapshot + step_trials):  # the first, or a
+            snapshot[:] = study.get_trials(deepcopy=False)  # trial of the driver's came between: read again
+        if self.explore is not None and number % EXPLORE == 0:
             study = self.explore  # the same storage and pruner; its sampler proposes at random
-        t = optuna.trial.Trial(_StepView(study, read, asked), trial_id)
-        asked.append(t)
+        t = optuna.trial.Trial(_StepView(study, snapshot, step_trials), trial_id)
+        step_trials.append(t)
         return t
 
     def _stop(self, t: Any, r: dict[str, Any], status: str, why: str,
@@ -317,10 +321,10 @@ class _WithBatch:
     their value at the rung (the attribute the pruner writes for each trial it judges there).
     What the pruner writes is kept in ``written`` (the broker writes it after the verdict)."""
 
-    def __init__(self, study: Any, trials: list[Any], wrote: dict[int, dict[str, Any]], judged: int, rung: int,
-                 batch: dict[int, float]) -> None:
+    def __init__(self, study: Any, trials: list[Any], rung_attrs: dict[int, dict[str, Any]], judged: int,
+                 rung: int, batch: dict[int, float]) -> None:
         from optuna.pruners._successive_halving import _completed_rung_key  # the attribute the pruner reads
-        self._trials, self._wrote, self._judged, self._batch = trials, wrote, judged, batch
+        self._trials, self._rung_attrs, self._judged, self._batch = trials, rung_attrs, judged, batch
         self._key = _completed_rung_key(rung)
         self.direction = study.direction
         self.written: dict[str, float] = {}
@@ -333,8 +337,8 @@ class _WithBatch:
         for t in self._trials:
             if states is not None and t.state not in states:
                 continue
-            if t.number in self._wrote or t.number in self._batch:
-                attrs = {**t.system_attrs, **self._wrote.get(t.number, {})}
+            if t.number in self._rung_attrs or t.number in self._batch:
+                attrs = {**t.system_attrs, **self._rung_attrs.get(t.number, {})}
                 if t.number in self._batch and t.number != self._judged:
                     attrs.setdefault(self._key, self._batch[t.number])
                 t = copy.copy(t)
@@ -345,22 +349,25 @@ class _WithBatch:
 
 class _StepView:
     """A study as a sampler reads it while one broker step proposes its refills: the trials read
-    once at the step's first proposal (``read``), with the step's own new trials (``asked``) as
-    they stand, the constant liar's running trials among them. Optuna's TPE reads the whole study
-    for each parameter it samples; from SQLite, with a GPU's 64 lanes running, that was ~40 ms a
-    read and 5-9 s a step, measured. Writes go to the study's storage as before."""
+    once at the step's first proposal (``snapshot``), with the step's own new trials
+    (``step_trials``) as they stand, the constant liar's running trials among them. Optuna's TPE
+    reads the whole study for each parameter it samples; from SQLite, with a GPU's 64 lanes
+    running, that was ~40 ms a read and 5-9 s a step, measured. Writes go to the study's storage
+    as before. Trials another process adds during the step (the driver's first lanes) are read
+    again at the next proposal (:meth:`LaneBroker._ask`); values they are given meanwhile are
+    not (storage reads would show them a moment sooner)."""
 
-    def __init__(self, study: Any, read: list[Any], asked: list[Any]) -> None:
-        self.study, self._read, self._asked = study, read, asked
+    def __init__(self, inner: Any, snapshot: list[Any], step_trials: list[Any]) -> None:
+        self.inner, self._snapshot, self._step_trials = inner, snapshot, step_trials
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.study, name)
+        return getattr(self.inner, name)
 
     def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[Any]:
         import copy
 
-        fresh = {t.number: t._cached_frozen_trial for t in self._asked}
-        trials = sorted([t for t in self._read if t.number not in fresh] + list(fresh.values()),
+        fresh = {t.number: t._cached_frozen_trial for t in self._step_trials}
+        trials = sorted([t for t in self._snapshot if t.number not in fresh] + list(fresh.values()),
                         key=lambda t: t.number)  # in the storage's order
         trials = [t for t in trials if states is None or t.state in states]
         return copy.deepcopy(trials) if deepcopy else trials

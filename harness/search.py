@@ -135,9 +135,10 @@ class BatchedOptunaSearcher(Searcher):
             proposed, so a driver killed meanwhile can go on with it.
         adopt: in-flight entries of a killed driver, proposed again first (same trial number,
             plan and Optuna trials) with ``resume_from``: their checkpoints, newest first.
-        first_statics: static points (``{name: value}``) that trials 0, 1, ... take in turn, one
-            each, before the sampler chooses (a lane study's few long trials: each combination of
-            the static choices trained once; left to TPE, 2 lane trials drew the same one).
+        first_statics: static points (``{name: value}``) that trials take in turn, each until a
+            trial that did not fail has it, before the sampler chooses (a lane study's few long
+            trials: each combination of the static choices trained once; left to TPE, 2 lane
+            trials drew the same one).
     """
 
     def __init__(self, study: Study, ostudy: optuna.Study, *, static_names: list[str],
@@ -163,8 +164,8 @@ class BatchedOptunaSearcher(Searcher):
         if self.adopt:
             return self._adopt(trial_id, self.adopt.pop(0))
         number, self._next = self._next, self._next + 1
-        if number < len(self.first_statics):
-            self.ostudy.enqueue_trial(self.first_statics[number])
+        if (point := self._untaken_static()) is not None:
+            self.ostudy.enqueue_trial(point)
         first = self.ostudy.ask()
         points = [suggest(first, self.study.space)]
         trials = [first]
@@ -186,6 +187,15 @@ class BatchedOptunaSearcher(Searcher):
             self.on_suggest(InFlight(trial=number, plan=asdict(plan), points=points,
                                      optuna_numbers=[t.number for t in trials], tune_trial_ids=[trial_id]))
         return {"plan": asdict(plan), "study": self.study.name, **self.extra}
+
+    def _untaken_static(self) -> dict[str, Any] | None:
+        """The first of ``first_statics`` that no trial of the study has, but failed ones
+        (a resumed study's too; a killed driver's trials that never started are failed)."""
+        if not self.first_statics:
+            return None
+        taken = {tuple(t.params.get(n) for n in self.static_names) for t in self.ostudy.get_trials(deepcopy=False)
+                 if TRIAL_ATTR in t.user_attrs and t.state != optuna.trial.TrialState.FAIL}
+        return next((p for p in self.first_statics if tuple(p[n] for n in self.static_names) not in taken), None)
 
     def _adopt(self, trial_id: str, entry: InFlight) -> dict[str, Any]:
         """A killed driver's in-flight trial, proposed again as it was (its Optuna trials still RUNNING)."""

@@ -75,7 +75,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         extra={"device": placement.device},
         on_complete=sink, on_suggest=folder.note_inflight, adopt=adopt,
         is_pruned=lambda tid: scheduler is not None and tid in scheduler.stopped,
-        first_statics=settings.first_statics())
+        first_statics=settings.first_statics(budget))
     # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
     try:
         tuning.run(settings, folder, placement, guard, kind="run", searcher=searcher, scheduler=scheduler,

@@ -119,12 +119,15 @@ class Settings:
         lane_trials = max(1, min(-(-budget.trials // ROUNDS), max(slots, points)))
         return dataclasses.replace(self, rounds=budget.trials / lane_trials)
 
-    def first_statics(self) -> list[dict[str, Any]]:
+    def first_statics(self, budget: Budget) -> list[dict[str, Any]]:
         """The static points the first trials take in turn: with ``lanes``, every combination of
-        the static choices (its few long trials: each trained once before TPE chooses, as
-        :meth:`with_rounds` leaves room for); otherwise none (the sampler's choice)."""
+        the static choices where its lane trials leave room for each (its few long trials: each
+        trained once before TPE chooses, as :meth:`with_rounds` allows for); otherwise, or with
+        more combinations than lane trials, none (the sampler's choice)."""
+        if self.scheduler != "lanes":
+            return []
         points = list(static_points(self.study, set(self.config_fields)))
-        return points if self.scheduler == "lanes" and len(points) > 1 else []
+        return points if 1 < len(points) <= self.tune_trials(budget) else []
 
     def lanes(self, budget: Budget, broker: str) -> dict[str, Any] | None:
         """A search plan's ``lanes`` entry (``scheduler == "lanes"``), or None: rungs from 1/eta**2

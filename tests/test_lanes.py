@@ -4,6 +4,7 @@ neighbours are untouched, and a snapshot taken with lanes at different progress 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -294,6 +295,57 @@ def test_broker__a_lane_judged_at_two_rungs_in_a_chunk_counts_for_the_lanes_judg
     assert answer["ended"] == {1: {"status": "pruned", "why": "stopped at rung 2 (384 env steps)"}}
 
 
+def test_broker__answers_as_a_broker_reading_the_storage_for_every_judgement_and_proposal(tmp_path, monkeypatch):
+    """The broker reads the study once per judged batch and once per refill step. With TPE past its
+    random start-up (12 finished trials), refills from TPE and at random (numbers 0 mod 3), and
+    lanes crossing two rungs in a chunk, it answers as a broker reading the storage each time."""
+    import random
+    import shutil
+
+    import studies
+    from harness import lanes
+    from harness.lanes import LaneBroker
+    from harness.search import suggest
+    from tests.driver import settings_for
+
+    study = studies.get("cartpole_ppo")
+    settings, ostudy, _ = _broker(tmp_path / "a")
+    for k in range(12):
+        t = ostudy.ask()
+        suggest(t, settings.study.space)
+        ostudy.tell(t, float(k))
+    first = [ostudy.ask().number for _ in range(9)]
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+
+    def stored(self, deepcopy=True, states=None):  # what the pruner read before: the storage, the batch laid over
+        out = []
+        for t in self._reference.get_trials(deepcopy=False, states=states):
+            if t.number in self._batch and t.number != self._judged and self._key not in t.system_attrs:
+                t = copy.copy(t)
+                t.system_attrs = {**t.system_attrs, self._key: self._batch[t.number]}
+            out.append(t)
+        return out
+
+    def answers(where, reading):
+        s = settings_for(study, where, scheduler="lanes")
+        broker = LaneBroker(s.study, s.storage, static_names=s.static_names, hparams=s.hparams, min_steps=100)
+        numbers, rnd, out = list(first), random.Random(0), []
+        with monkeypatch.context() as m:
+            if reading:
+                m.setattr(lanes._WithBatch, "_reference", broker.ostudy, raising=False)
+                m.setattr(lanes._WithBatch, "get_trials", stored)
+                m.setattr(lanes._StepView, "_get_trials", lambda self, deepcopy=True, states=None, use_cache=False:
+                          self.inner._get_trials(deepcopy, states, use_cache=False))
+            for chunk in range(1, 5):
+                rows = [_at(i, n, 128 * chunk, rnd.random() * 100) for i, n in enumerate(numbers)]
+                out.append(broker.step(0, chunk, {"num_minibatches": "8"}, rows, True))
+                numbers = [out[-1]["new"].get(i, {"number": n})["number"] for i, n in enumerate(numbers)]
+        return out
+
+    ours, reference = answers(tmp_path / "a", False), answers(tmp_path / "b", True)
+    assert sum(len(a["new"]) for a in ours) >= 12 and ours == reference
+
+
 def test_broker__a_steps_samplers_see_the_study_as_its_storage_holds_it_after_each_ask(tmp_path):
     """A step's refills are proposed from the trials read once at its first proposal plus its own
     new ones (TPE reads the study for each parameter: ~40 ms a read from SQLite with 64 lanes
@@ -473,16 +525,15 @@ class _LaneTune:
 
 
 def test_searcher__a_lane_studys_first_trials_take_each_static_combination_in_turn(tmp_path):
-    import optuna
-
     import studies
     from harness.search import BatchedOptunaSearcher, open_study
     from tests.driver import plan_maker, settings_for
 
     study = studies.get("cartpole_ppo")
-    assert settings_for(study, tmp_path, scheduler="lanes").first_statics() == [{"num_minibatches": 4},
-                                                                                {"num_minibatches": 8}]
-    assert settings_for(study, tmp_path).first_statics() == []  # trial-level ASHA: the sampler's choice
+    lanes = settings_for(study, tmp_path, scheduler="lanes")
+    assert lanes.first_statics(study.cpu) == [{"num_minibatches": 4}, {"num_minibatches": 8}]  # 4 lane trials
+    assert lanes.first_statics(dataclasses.replace(study.cpu, trials=2)) == []  # 1 lane trial: TPE chooses
+    assert settings_for(study, tmp_path).first_statics(study.cpu) == []  # trial-level ASHA: the sampler's choice
     for order in ([4, 8], [8, 4]):  # one sampler seed cannot draw both orders
         ostudy = open_study(study, f"sqlite:///{tmp_path / f'o{order[0]}.db'}", seed=0)
         s = BatchedOptunaSearcher(study, ostudy, static_names=["num_minibatches"], configs_per_trial=2,
@@ -495,6 +546,10 @@ def test_searcher__a_lane_studys_first_trials_take_each_static_combination_in_tu
                   for k in range(3)]
         assert [len(v) for v in shared] == [1, 1, 1]  # each trial's configurations share it
         assert not ostudy.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    for t in ostudy.trials:  # the first trial (num_minibatches=8 in this order) failed: 8 is drawn again
+        if t.user_attrs["tune_trial"] == 0:
+            ostudy.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    assert s.suggest("3")["plan"]["config"]["num_minibatches"] == 8
 
 
 def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_path, monkeypatch, capsys):
