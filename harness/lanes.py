@@ -352,7 +352,8 @@ class _StepView:
     once at the step's first proposal (``snapshot``), with the step's own new trials
     (``step_trials``) as they stand, the constant liar's running trials among them. Optuna's TPE
     reads the whole study for each parameter it samples; from SQLite, with a GPU's 64 lanes
-    running, that was ~40 ms a read and 5-9 s a step, measured. Writes go to the study's storage
+    running, that was ~40 ms a read and 5-9 s a step, measured (samplers read through
+    ``_get_trials`` alone; anything else passes to the study). Writes go to the study's storage
     as before. Trials another process adds during the step (the driver's first lanes) are read
     again at the next proposal (:meth:`LaneBroker._ask`); values they are given meanwhile are
     not (storage reads would show them a moment sooner)."""
@@ -371,9 +372,6 @@ class _StepView:
                         key=lambda t: t.number)  # in the storage's order
         trials = [t for t in trials if states is None or t.state in states]
         return copy.deepcopy(trials) if deepcopy else trials
-
-    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
-        return self._get_trials(deepcopy, states)
 
 
 @dataclass
