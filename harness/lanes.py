@@ -370,8 +370,29 @@ class _StepView:
         fresh = {t.number: t._cached_frozen_trial for t in self._step_trials}
         trials = sorted([t for t in self._snapshot if t.number not in fresh] + list(fresh.values()),
                         key=lambda t: t.number)  # in the storage's order
-        trials = [t for t in trials if states is None or t.state in states]
+        trials = [t for t in as_judged(trials) if states is None or t.state in states]
         return copy.deepcopy(trials) if deepcopy else trials
+
+
+def as_judged(trials: list[Any]) -> list[Any]:
+    """The study as the broker's samplers see it: a running lane that has reported at a rung is
+    shown as a pruned trial with its values so far, so TPE ranks it with the configurations that
+    stopped at its rung (by value, behind those that went further) instead of as its constant
+    liar's worst value; running lanes with no rung value yet stay running (the liar spreads a
+    step's proposals). Lanes promoted at a rung are the study's best so far; counted as its worst,
+    they pushed TPE away from where the study was doing well, the more the wider the kernel (a GPU's
+    lane trials run hundreds at once)."""
+    import copy
+
+    import optuna
+
+    out = []
+    for t in trials:
+        if t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values:
+            t = copy.copy(t)
+            t.state = optuna.trial.TrialState.PRUNED
+        out.append(t)
+    return out
 
 
 @dataclass

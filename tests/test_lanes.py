@@ -282,6 +282,39 @@ def test_broker__refills_numbered_0_mod_3_are_proposed_at_random_the_others_by_t
     assert sum(lr > 3e-4 for lr in at_random) >= 2, lrs  # uniform in log space: 68% of draws land there
 
 
+def test_broker__tpe_counts_running_lanes_promoted_at_a_rung_as_good_not_as_its_constant_liars_worst(tmp_path):
+    """The study's best so far are running lanes promoted at rung 2 (lr near 1e-4); the lanes
+    stopped at rung 1 all have lr near 3e-3. TPE's refills follow the running ones: seen as its
+    constant liar sees running trials (the worst), they would be the bad group and TPE would
+    propose near 3e-3. Running lanes with no rung value yet stay running."""
+    import optuna
+
+    from harness.lanes import EXPLORE, as_judged
+
+    _, ostudy, broker = _broker(tmp_path)
+    dists = {"lr": optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
+    for k in range(30):  # stopped at rung 1 (100 env steps), lr 2e-3..3e-3
+        ostudy.add_trial(optuna.trial.create_trial(params={"lr": 2e-3 + k * 3e-5}, distributions=dists,
+                                                   state=optuna.trial.TrialState.PRUNED,
+                                                   intermediate_values={100: float(k)}))
+    for k in range(7):  # running: 6 promoted at rungs 1 and 2 (at 300 env steps now), lr 1e-4..1.5e-4; 1 new
+        ostudy.enqueue_trial({"lr": 1e-4 + k * 1e-5})
+        t = ostudy.ask()
+        t.suggest_float("lr", 1e-4, 3e-3, log=True)
+        if k < 6:
+            t.report(50.0 + k, step=100)
+            t.report(60.0 + k, step=300)
+    read, asked = ostudy.get_trials(deepcopy=False), []
+    S = optuna.trial.TrialState
+    assert [t.state for t in as_judged(read)][-7:] == [S.PRUNED] * 6 + [S.RUNNING]
+    assert [t.state for t in read][-7:] == [S.RUNNING] * 7  # the study itself is untouched
+    for _ in range(12):
+        broker._ask({"num_minibatches": "4"}, read, asked)
+    by_tpe = [t.suggest_float("lr", 1e-4, 3e-3, log=True) for t in asked if t.number % EXPLORE]
+    # (counted as the worst, all 8 were above 7e-4: 7.5e-4..1.8e-3)
+    assert len(by_tpe) == 8 and max(by_tpe) < 7e-4, by_tpe
+
+
 def test_broker__a_lane_judged_at_two_rungs_in_a_chunk_counts_for_the_lanes_judged_after_it(tmp_path):
     """The study's trials are read once per batch: the rung values its verdicts write must still
     count for the lanes judged after them, as they would read from the storage."""
@@ -335,7 +368,8 @@ def test_broker__answers_as_a_broker_reading_the_storage_for_every_judgement_and
                 m.setattr(lanes._WithBatch, "_reference", broker.ostudy, raising=False)
                 m.setattr(lanes._WithBatch, "get_trials", stored)
                 m.setattr(lanes._StepView, "_get_trials", lambda self, deepcopy=True, states=None, use_cache=False:
-                          self.inner._get_trials(deepcopy, states, use_cache=False))
+                          [t for t in lanes.as_judged(self.inner._get_trials(deepcopy, use_cache=False))
+                           if states is None or t.state in states])
             for chunk in range(1, 5):
                 rows = [_at(i, n, 128 * chunk, rnd.random() * 100) for i, n in enumerate(numbers)]
                 out.append(broker.step(0, chunk, {"num_minibatches": "8"}, rows, True))
@@ -359,7 +393,7 @@ def test_broker__a_steps_samplers_see_the_study_as_its_storage_holds_it_after_ea
     for k in range(6):  # finished, pruned and running trials before the step
         t = ostudy.ask()
         suggest(t, settings.study.space)
-        if k < 4:
+        if k < 6:
             ostudy.tell(t, float(k)) if k % 2 else ostudy.tell(t, state=optuna.trial.TrialState.PRUNED)
     S = optuna.trial.TrialState
     seen = lambda trials: [(t.number, t.state, t.params) for t in trials]  # noqa: E731
