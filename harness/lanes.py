@@ -30,6 +30,7 @@ seed of a lane trains at once.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -409,6 +410,8 @@ class LaneTrial:
     lanes: list[Lane]
     ended: list[dict[str, Any]] = field(default_factory=list)
     started: int = 0  # configurations started in this trial so far
+    broker_s: float = 0.0  # seconds waiting for the broker's answers (the round trip after each chunk)
+    lanes_s: float = 0.0  # seconds judging and refilling lanes here (reports, records, refills' dispatch)
     _evaluated: dict[int, tuple[list, list]] = field(default_factory=dict)  # this chunk's finished lanes
 
     @classmethod
@@ -432,8 +435,11 @@ class LaneTrial:
         while runner.config.env_steps_after(first_rung_chunks) < judged_at:
             first_rung_chunks += 1
         refill = runner.total_chunks - chunk >= first_rung_chunks
+        t0 = time.perf_counter()
         reports = self.reports(runner, last)
+        t1 = time.perf_counter()
         answer = call(self.trial, chunk, self.static, reports, refill)
+        t2 = time.perf_counter()
         ended = {int(k): v for k, v in answer["ended"].items()}
         for lane, why in sorted(ended.items()):
             self.ended.append(self._record(runner, lane, why))
@@ -447,6 +453,8 @@ class LaneTrial:
         for c in ended:
             if c not in new:
                 self.lanes[c] = None  # type: ignore[call-overload]  # idle until the trial ends
+        self.broker_s += t2 - t1
+        self.lanes_s += (t1 - t0) + (time.perf_counter() - t2)
         return answer
 
     def reports(self, runner: Any, last: bool) -> list[dict[str, Any]]:
@@ -509,13 +517,13 @@ class LaneTrial:
         """This object as JSON, saved with the trial's kernel checkpoint."""
         return json.dumps({"trial": self.trial, "static": self.static, "rungs": self.rungs,
                            "lanes": [asdict(lane) if lane else None for lane in self.lanes], "ended": self.ended,
-                           "started": self.started})
+                           "started": self.started, "broker_s": self.broker_s, "lanes_s": self.lanes_s})
 
     @classmethod
     def from_state(cls, text: str) -> LaneTrial:
         d = json.loads(text)
         return cls(d["trial"], d["static"], d["rungs"], [Lane(**x) if x else None for x in d["lanes"]],  # type: ignore[misc]
-                   d["ended"], d["started"])
+                   d["ended"], d["started"], d.get("broker_s", 0.0), d.get("lanes_s", 0.0))
 
 
 def _floats(row: Any) -> list[float | None]:

@@ -64,12 +64,13 @@ class Progress:
         self._note_best(record)
         values = [v for c in record["configs"] if (v := config_value(c, self.metric)) is not None]
         pick = max if self.maximize else min
-        n = len(record["configs"])
+        n, lanes = len(record["configs"]), ""
         if record.get("lanes"):
             to_end = sum(c.get("status") == "complete" for c in record["configs"])
-            n = f"{n} (its lanes refilled; {to_end} trained to the end, {n - to_end} stopped early)"
-        what = {"complete": f"best of its {n} configs {pick(values):.1f}" if values
-                else "no config trained to the end without diverging" if record.get("lanes")
+            lanes = (f" (its lanes refilled: {to_end} trained to the end, {n - to_end} stopped early"
+                     f"{_lane_time(record)})")
+        what = {"complete": f"best of its {n} configs {pick(values):.1f}{lanes}" if values
+                else f"no config trained to the end without diverging{lanes}" if record.get("lanes")
                 else "all configs diverged",
                 "pruned": "stopped early by ASHA",
                 "failed": "FAILED" + (f": {record['error']}" if record.get("error") else "")}[record["status"]]
@@ -95,3 +96,12 @@ class Progress:
 
     def failed(self, trial: int, error: str) -> None:
         self.say(f"  trial {trial}: {error}")
+
+
+def _lane_time(record: dict[str, Any]) -> str:
+    """Where a lane trial's time went, where its record says: its kernel's chunks, the round
+    trips to the broker, judging and refilling lanes between chunks."""
+    if "broker_seconds" not in record:
+        return ""
+    return (f"; {record.get('kernel_seconds', 0.0):.1f} s in its kernel, {record['broker_seconds']:.1f} s waiting "
+            f"for the broker, {record.get('lanes_seconds', 0.0):.1f} s judging and refilling")

@@ -337,7 +337,7 @@ class BatchedOptunaSearcher(Searcher):
 
 # what a trial's last result adds to its record as it is: timings, its error, how it was resumed
 RECORDED = ("kernel_seconds", "compile_seconds", "trial_seconds", "error", "resumed_after_chunk", "checkpoints",
-            "checkpoint_seconds")
+            "checkpoint_seconds", "broker_seconds", "lanes_seconds")
 
 MAX_REPORTS = 50  # intermediate values per Optuna trial: evenly spaced chunks, the first and last included
 

@@ -302,6 +302,7 @@ class StudyTrial(tune.Trainable):
         out = {"score": best, "chunk": r.chunk, "num_chunks": r.num_chunks, "env_steps": r.env_steps,
                "steps_per_sec": r.steps_per_sec, "kernel_seconds": r.kernel_seconds,
                "configs_ended": len(records), "lane_ended": json.dumps(new), "checkpoints": self.checkpoints,
+               "broker_seconds": self.lanes.broker_s, "lanes_seconds": self.lanes.lanes_s,
                "checkpoint_seconds": self.checkpoint_seconds, "resumed_after_chunk": self.runner.restored_chunks}
         if not self.runner.done:
             return {**out, "should_checkpoint": self._checkpoint_due()}
