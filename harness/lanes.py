@@ -351,7 +351,8 @@ class _WithBatch:
 class _StepView:
     """A study as a sampler reads it while one broker step proposes its refills: the trials read
     once at the step's first proposal (``snapshot``), with the step's own new trials
-    (``step_trials``) as they stand, the constant liar's running trials among them. Optuna's TPE
+    (``step_trials``) as they stand, the constant liar's running trials among them, and running
+    lanes that reported at a rung shown as pruned there (:func:`as_judged`). Optuna's TPE
     reads the whole study for each parameter it samples; from SQLite, with a GPU's 64 lanes
     running, that was ~40 ms a read and 5-9 s a step, measured (samplers read through
     ``_get_trials`` alone; anything else passes to the study). Writes go to the study's storage
