@@ -53,14 +53,36 @@ def storage(url: str) -> optuna.storages.BaseStorage | str:
     """Optuna storage for ``url``. An SQLite file is shared safely by concurrent processes (several
     studies with one ``--storage``, optuna-dashboard reading): its tables are created under a file
     lock (processes creating them at once fail otherwise) and a write waits up to SQLITE_TIMEOUT s
-    for another's lock (SQLite's default is 5 s). Other URLs go to Optuna as they are."""
+    for another's lock (SQLite's default is 5 s). Other URLs go to Optuna as they are.
+
+    The file is in SQLite's write-ahead-log mode (kept in the file) and this process commits with
+    ``synchronous=NORMAL``: a commit appends to the log without waiting for the disk, so a
+    process killed at any point loses no committed write (the next opener reads the log); only
+    an operating-system crash or power cut can lose the last commits, never corrupt the file.
+    In the default rollback-journal mode each commit created, synced and deleted a journal file:
+    0.8-1.3 ms a commit here against 0.02 ms, and a lane broker commits about 12 times a
+    configuration it judges or refills (``bench/lane_broker.py``)."""
     if not url.startswith("sqlite:///"):
         return url
+    import sqlite3
+
+    import sqlalchemy
+
     path = Path(url.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT}})
+        with sqlite3.connect(path, timeout=SQLITE_TIMEOUT) as db:  # the log mode, once for the file
+            db.execute("pragma journal_mode=wal")
+        db.close()
+        rdb = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT}})
+    sqlalchemy.event.listen(rdb.engine, "connect", _commit_without_sync)
+    rdb.engine.dispose()  # the connections opened before the listener: every later one has it
+    return rdb
+
+
+def _commit_without_sync(connection: Any, _record: Any) -> None:
+    connection.execute("pragma synchronous=normal")
 
 
 def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str = "tpe",
