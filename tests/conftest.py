@@ -206,14 +206,16 @@ def listening(pids: list[int]) -> list[tuple[int, str, int]]:
     return out
 
 
-# -- running the suite on both cores (pytest-xdist, `-n 2` in pyproject.toml) -----------------------
+# -- running the suite on both cores (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) -----
 # Tests that start a Ray of their own run beside the other worker's tests, a Ray beside a Ray at
 # times, each on its worker's core (pinned above). A group meant to keep them on one worker
-# (xdist_group marks, `--dist loadgroup`) never took effect: the marks were set after xdist's
-# worker had turned them into test ids (and pytest 9.2's ids ignore what xdist writes there,
-# pytest-xdist#1386). Found on 2026-11-27 from a run's log (the smoke study on one worker while
-# the SIGKILL and lanes studies ran on the other); every CI run before passed that way, so the
-# group is gone, not mended.
+# (xdist_group marks) never took effect: the marks were set after xdist's worker had turned them
+# into test ids (and pytest 9.2's ids ignore what xdist writes there, pytest-xdist#1386). Found on
+# 2026-11-27 from a run's log (the smoke study on one worker while the SIGKILL and lanes studies
+# ran on the other); every CI run before passed that way, so the group is gone, not mended.
+# `--dist loadgroup` stays for how it hands tests out: with no groups, one test at a time to
+# whichever worker is free. `--dist load` hands each worker a batch up front: the same tests
+# (2147 worker-s against 2149) took 23:20 instead of 18:15, one worker idle for minutes at the end.
 #
 # The long tests first: xdist hands tests out in collection order, so a long test collected last
 # ran alone at the end while the other worker idled (one core 124 s less busy than the other in a
