@@ -213,8 +213,8 @@ def listening(pids: list[int]) -> list[tuple[int, str, int]]:
 # into test ids (and pytest 9.2's ids ignore what xdist writes there, pytest-xdist#1386). Found on
 # 2026-11-27 from a run's log (the smoke study on one worker while the SIGKILL and lanes studies
 # ran on the other); every CI run before passed that way, so the group is gone, not mended.
-# `--dist loadgroup` stays for how it hands tests out: with no groups, one test at a time to
-# whichever worker is free. `--dist load` hands each worker a batch up front: the same tests
+# `--dist loadgroup` stays for how it hands tests out: with no groups, a test at a time to
+# whichever worker runs low. `--dist load` hands each worker a batch up front: the same tests
 # (2147 worker-s against 2149) took 23:20 instead of 18:15, one worker idle for minutes at the end.
 #
 # The long tests first: xdist hands tests out in collection order, so a long test collected last
