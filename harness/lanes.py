@@ -186,8 +186,9 @@ class LaneBroker:
             for key, value in verdict["attrs"].items():  # the pruner's rung values, written after its verdict
                 self.ostudy._storage.set_trial_system_attr(t._trial_id, key, value)
             rung_attrs.setdefault(t.number, {}).update(verdict["attrs"])
-            if verdict["prune"]:
-                why = f"stopped at rung {r['rung'] + 1} ({r['steps']} env steps)"
+            if verdict["prune"]:  # at the last rung Optuna wrote a value for (at those before it, promoted)
+                where = max((int(k.rpartition("_")[2]) for k in verdict["attrs"]), default=r["rung"])
+                why = f"stopped at rung {where + 1} ({r['steps']} env steps)"
                 ended[r["lane"]] = self._stop(t, r, "pruned", why)
             elif not r["reach"]:  # promoted, but the trial ends before its next judgement:
                 # stopped now, so its lane trains a new configuration instead of one that cannot finish
@@ -420,7 +421,11 @@ class LaneTrial:
         """The lanes of ``plan`` (its ``lanes`` entry: ``static``, the static values as Optuna
         holds them; ``params``, each configuration's searched values; ``min_steps`` and ``eta``)."""
         spec = plan.lanes
-        steps = rungs(int(spec["min_steps"]), budget_steps, int(spec.get("eta", ETA)))
+        # the rungs of the study's budget (as its Optuna pruner and the study's first lines count them),
+        # not of the chunks' rounding of it: 10M steps in chunks of 81,920 end at 9,994,240, under the
+        # third rung's 9,999,999, which dropped the rung at 1/3
+        budget = max(budget_steps, int(spec.get("budget", 0)))
+        steps = rungs(int(spec["min_steps"]), budget, int(spec.get("eta", ETA)))
         first = zip(plan.config_keys, spec["params"], plan.hparams, strict=True)
         lanes = [Lane(n, p, h, 0, i) for i, (n, p, h) in enumerate(first)]
         return cls(plan.trial, spec["static"], steps, lanes, started=len(lanes))
@@ -472,8 +477,9 @@ class LaneTrial:
             if lane is None:
                 continue
             steps = int(r.lane_steps[c])
-            rung = None
-            if lane.judged < len(self.rungs) and steps >= self.rungs[lane.judged]:
+            rung = None  # the last rung this chunk took it past (a long chunk can pass two: Optuna's
+            # pruner judges it at each in one call, and its next judgement is after the last)
+            while lane.judged < len(self.rungs) and steps >= self.rungs[lane.judged]:
                 rung = lane.judged
                 lane.judged += 1
             values = reach = None

@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from harness.folder import ResultsFolder, StudyMeta
@@ -136,7 +138,8 @@ class Settings:
             return None
         from harness.lanes import ETA
 
-        return {"eta": ETA, "min_steps": max(1, budget.timesteps // ETA**2), "broker": broker}
+        return {"eta": ETA, "min_steps": max(1, budget.timesteps // ETA**2), "budget": budget.timesteps,
+                "broker": broker}
 
     # -- the one merge and the one factory -------------------------------------------------------
     def static_config(self, point: dict[str, Any], timesteps: int) -> dict[str, Any]:
@@ -197,6 +200,25 @@ class Settings:
             reference=None if s.reference is None else {"label": s.reference_label, "return": s.reference})
 
 
+def _check_writable(root: Path) -> None:
+    """Raises StudyError unless ``root`` is, or can be made as, a folder this process can write:
+    tried by making it and a file in it, then removing what the try made."""
+    made = [p for p in (root, *root.parents) if not p.exists()]
+    probe = root / f".rl-harness-write-test-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+    except OSError as err:
+        raise StudyError(f"cannot write results to {root}: {err.strerror or err} ({err.filename or root}); "
+                         "choose another --out") from None
+    finally:
+        if probe.is_file():
+            probe.unlink()
+        for path in made:  # deepest first
+            if path.is_dir():
+                path.rmdir()
+
+
 def prepare_folder(folder: ResultsFolder, study_name: str, *, fresh: bool) -> tuple[StudyMeta | None, str | None]:
     """The folder's study.json when it resumes ``study_name`` (None for a new study), and where a
     ``fresh`` start put the old folder.
@@ -204,6 +226,7 @@ def prepare_folder(folder: ResultsFolder, study_name: str, *, fresh: bool) -> tu
     Raises:
         StudyError: the folder holds something else, or another study.
     """
+    _check_writable(folder.root)
     aside = None
     if fresh and folder.root.exists():
         aside = str(folder.set_aside())
@@ -265,6 +288,10 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
         raise StudyError("--scheduler lanes through a Ray client (ray://) needs an Optuna storage every node can "
                          "reach (--storage postgresql://... or mysql://...): its broker runs on the cluster, "
                          "and an SQLite file is on this machine")
+    if scheduler == "lanes" and study.curve_episodes < 1:
+        raise StudyError(f"study {study.name}: --scheduler lanes judges each configuration by its evaluations "
+                         f"during training, and curve_episodes={study.curve_episodes} evaluates none; set "
+                         "curve_episodes >= 1 or choose another scheduler")
     fields = set(settings.config_fields)
     for budget in dict.fromkeys(budgets.values()):
         validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)

@@ -315,6 +315,58 @@ def test_broker__tpe_counts_running_lanes_promoted_at_a_rung_as_good_not_as_its_
     assert len(by_tpe) == 8 and max(by_tpe) < 7e-4, by_tpe
 
 
+def test_lane_trial__a_chunk_past_two_rungs_reports_the_last_and_its_next_judgement_is_the_budget():
+    """Chunks of 384 steps, rungs at 100 and 300, a budget of 1152: after its first chunk a lane
+    has passed both rungs (Optuna's pruner judges it at each in one call), so it reports rung 1
+    (the second) and whether it reaches its whole budget, not the rung it already passed; the
+    next chunk judges it nowhere (it was reported at rung 1 after chunk 1 and always promoted)."""
+    from types import SimpleNamespace
+
+    from harness.lanes import Lane, LaneTrial
+
+    def runner(chunk: int, steps: int) -> SimpleNamespace:
+        row = SimpleNamespace(lane_steps=np.array([steps]), diverged=np.zeros((1, 1), bool))
+        config = SimpleNamespace(num_chunks=3, env_steps_after=lambda n: 384 * n)
+        return SimpleNamespace(curves=[row] * chunk, total_chunks=3, budget_steps=1152, config=config,
+                               lane_chunks=lambda c: chunk, lane_objective=lambda lanes: np.ones((1, 1)))
+
+    trial = LaneTrial(0, {}, [100, 300], [Lane(0, {}, {}, 0, 0)])
+    assert [(r["rung"], r["reach"]) for r in trial.reports(runner(1, 384), last=False)] == [(1, True)]
+    assert trial.lanes[0].judged == 2
+    assert [r["rung"] for r in trial.reports(runner(2, 768), last=False)] == [None]
+
+
+def test_lane_trial__rungs_are_the_studys_budgets_not_the_chunks_rounding_of_it():
+    """ant_ppo's GPU budget: 10M steps, chunks of 81,920 ending at 9,994,240 (122 chunks). Its
+    rungs are at 1/9 and 1/3 of the 10M (the pruner's min_resource and the study's first lines):
+    the rounding down must not drop the rung at 1/3 (3,333,333 x 3 > 9,994,240)."""
+    from types import SimpleNamespace
+
+    from harness.lanes import LaneTrial
+
+    plan = SimpleNamespace(trial=0, config_keys=[0], hparams=[{}], lanes={
+        "eta": 3, "min_steps": 10_000_000 // 9, "budget": 10_000_000, "static": {}, "params": [{}]})
+    assert LaneTrial.start(plan, 9_994_240).rungs == [1_111_111, 3_333_333]
+
+
+def test_broker__a_lane_past_two_rungs_and_stopped_at_the_first_is_recorded_as_stopped_there(tmp_path):
+    """A lane that passed rungs 0 and 1 in one chunk (reported at rung 1) and is stopped at rung 0
+    is "stopped at rung 1", and one promoted at rung 0 but stopped at rung 1 "stopped at rung 2":
+    the rung where Optuna's pruner stopped it, not the last it passed."""
+    settings, ostudy, broker = _broker(tmp_path)  # rungs at 100 and 300 env steps, top 1/3 go on
+    static = {"num_minibatches": "8"}
+    low = [ostudy.ask() for _ in range(9)]
+    for i, t in enumerate(low):  # 9 configurations judged at rung 0 only, all behind the rest
+        broker.step(0, i + 1, static, [_at(0, t.number, 128, float(i))], False)
+    best, second, worst = ostudy.ask(), ostudy.ask(), ostudy.ask()
+    assert broker.step(1, 1, static, [_at(0, best.number, 384, 100.0, rung=1)], False)["ended"] == {}
+    # rung 0: 11 values, the top 3 go on (60 is second); rung 1: 100 and 60, only the best goes on
+    assert broker.step(2, 1, static, [_at(0, second.number, 384, 60.0, rung=1)], False)["ended"] == {
+        0: {"status": "pruned", "why": "stopped at rung 2 (384 env steps)"}}
+    assert broker.step(3, 1, static, [_at(0, worst.number, 384, -1.0, rung=1)], False)["ended"] == {
+        0: {"status": "pruned", "why": "stopped at rung 1 (384 env steps)"}}
+
+
 def test_broker__a_lane_judged_at_two_rungs_in_a_chunk_counts_for_the_lanes_judged_after_it(tmp_path):
     """The study's trials are read once per batch: the rung values its verdicts write must still
     count for the lanes judged after them, as they would read from the storage."""
