@@ -21,6 +21,13 @@ def require_positive(config: Any, *names: str) -> None:
                              f"got {getattr(config, name)}")
 
 
+def require_layers(config: Any) -> None:
+    """Raises ValueError unless ``config.hidden`` is a sequence of positive layer widths."""
+    hidden = config.hidden
+    if not isinstance(hidden, tuple | list) or not all(isinstance(w, int) and w >= 1 for w in hidden):
+        raise ValueError(f"{type(config).__name__}.hidden must be layer widths >= 1, got {hidden!r}")
+
+
 def float32_hparams(cls: type, defaults: dict[str, float], overrides: dict[str, float]) -> Any:
     """``cls`` built from ``defaults`` updated by ``overrides``, every value a float32 scalar."""
     return cls(**{k: jnp.float32(v) for k, v in {**defaults, **overrides}.items()})

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 Activation = Literal["tanh", "relu"]
-_ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}  # the names a config may give
 
 
 @jax.custom_batching.sequential_vmap
@@ -88,7 +88,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for width in self.hidden:
-            x = _ACTIVATIONS[self.activation](_dense(width)(x))
+            x = ACTIVATIONS[self.activation](_dense(width)(x))
         return x
 
 

@@ -29,11 +29,12 @@ from algos.common import (
     finished_means,
     float32_hparams,
     is_diverged,
+    require_layers,
     require_positive,
     track_episodes,
 )
 from algos.gae import gae
-from algos.networks import Activation, ActorCritic, Network, TransformerActorCritic, ppo_distribution
+from algos.networks import ACTIVATIONS, Activation, ActorCritic, Network, TransformerActorCritic, ppo_distribution
 from algos.normalize import RunningStats
 from envs import Box, Discrete, Environment, MultiDiscrete
 
@@ -71,6 +72,9 @@ class PPOConfig:
         require_positive(self, "num_envs", "num_steps", "num_minibatches", "update_epochs",
                          "updates_per_chunk", "eval_episodes", "embed_dim", "num_heads",
                          "num_layers")
+        require_layers(self)
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}; choose from {', '.join(ACTIVATIONS)}")
         if self.squash not in ("clip", "tanh"):
             raise ValueError(f"squash={self.squash!r}; choose from clip, tanh")
         if self.eval_policy not in ("greedy", "sample"):

@@ -27,6 +27,7 @@ from algos.common import (
     finished_means,
     float32_hparams,
     is_diverged,
+    require_layers,
     require_positive,
     track_episodes,
 )
@@ -52,10 +53,14 @@ class SACConfig:
     def __post_init__(self) -> None:
         require_positive(self, "num_envs", "batch_size", "updates_per_step", "steps_per_chunk",
                          "eval_episodes")
+        require_layers(self)
         if self.buffer_size % self.num_envs:
             raise ValueError(f"num_envs={self.num_envs} must divide buffer_size={self.buffer_size}")
         if self.warmup_steps * self.num_envs > self.buffer_size:
             raise ValueError("learning_starts must not exceed buffer_size")
+        if self.num_iterations < 1:
+            raise ValueError(f"total_timesteps={self.total_timesteps} leaves no step to learn from after the "
+                             f"random warm-up (learning_starts={self.learning_starts}, {self.num_envs} envs)")
 
     @property
     def warmup_steps(self) -> int:

@@ -35,6 +35,11 @@ from harness.records import RecordsError, read_json, write_json
 
 KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint inside a Tune trial's checkpoint folder
 _TRIAL_FIELDS = {"trial": int, "status": str, "seeds": int, "configs": list}
+_CONFIG_FIELDS = {"index": int, "params": dict}  # each entry of a trial record's configs
+# study.json's fields and the types they must have (None allowed where the default is None)
+_META_TYPES = {"study": str, "env": str, "algo": str, "direction": str, "metric": str, "objective": str,
+               "threshold": (int, float), "scheduler": str, "seed": int, "budget": dict, "smoke": bool,
+               "created": str, "space": dict, "eval_policy": str, "reference": dict, "rounds": (int, float)}
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,10 @@ class StudyMeta:
     def from_dict(cls, data: Any, where: Path) -> StudyMeta:
         if not isinstance(data, dict) or not isinstance(data.get("study"), str):
             raise RecordsError(f"{where} is not a study's study.json (no study name)")
+        wrong = [k for k, t in _META_TYPES.items() if k in data and data[k] is not None
+                 and (not isinstance(data[k], t) or isinstance(data[k], bool) and t is not bool)]
+        if wrong:
+            raise RecordsError(f"{where} is not a study's study.json (no valid {', '.join(wrong)})")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         return cls(**{k: v for k, v in data.items() if k in known},
                    extra={k: v for k, v in data.items() if k not in known})
@@ -199,6 +208,10 @@ class ResultsFolder:
                 rec = read_json(path)
                 missing = [k for k, t in _TRIAL_FIELDS.items() if not isinstance(rec, dict) or
                            not isinstance(rec.get(k), t)]
+                if not missing and not all(isinstance(c, dict) and all(isinstance(c.get(k), t) for k, t in
+                                                                        _CONFIG_FIELDS.items())
+                                           for c in rec["configs"]):
+                    missing = ["configs"]
                 if missing:
                     raise RecordsError(f"{path} is not a trial record (no valid {', '.join(missing)})")
             except (RecordsError, OSError) as err:
@@ -213,11 +226,7 @@ class ResultsFolder:
         ``reports/problems.txt``."""
         records, problems = self.read_trials()
         for line in problems:
-            path = line.split(" ", 1)[0]
-            key = (path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
-            if key not in _warned:
-                _warned.add(key)
-                print(f"warning: {line}; left out", file=sys.stderr)
+            _warn(f"{line}; left out")
         return records
 
     def record(self, record: dict[str, Any]) -> None:
@@ -228,13 +237,37 @@ class ResultsFolder:
         self.drop_kernel_checkpoints(record.get("tune_trial_id"))
 
     def final(self) -> dict[str, Any] | None:
-        return read_json(self.final_file) if self.final_file.exists() else None
+        return self._derived(self.final_file, "configs")
+
+    def _derived(self, path: Path, key: str) -> dict[str, Any] | None:
+        """A file the study derives from its records (final.json, ablation.json), or None where
+        there is none yet. One that cannot be read (truncated, corrupt) counts as none: named on
+        stderr and in ``reports/problems.txt`` (:meth:`unreadable`), and the study makes it again."""
+        if not path.exists():
+            return None
+        try:
+            return _read_derived(path, key)
+        except (RecordsError, OSError) as err:
+            _warn(f"{err}; left out (the study makes it again from its records)")
+            return None
+
+    def unreadable(self) -> list[str]:
+        """One line for each file that the reports leave out because it cannot be read: trial
+        records, final.json, ablation.json."""
+        lines = self.read_trials()[1]
+        for path, key in ((self.final_file, "configs"), (self.ablation_file, "steps")):
+            try:
+                if path.exists():
+                    _read_derived(path, key)
+            except (RecordsError, OSError) as err:
+                lines.append(str(err))
+        return lines
 
     def write_final(self, final: dict[str, Any]) -> None:
         write_json(self.final_file, final)
 
     def ablation(self) -> dict[str, Any] | None:
-        return read_json(self.ablation_file) if self.ablation_file.exists() else None
+        return self._derived(self.ablation_file, "steps")
 
     def write_ablation(self, ablation: dict[str, Any]) -> None:
         write_json(self.ablation_file, ablation)
@@ -305,6 +338,27 @@ class ResultsFolder:
 
 
 _warned: set[tuple[str, float]] = set()
+
+
+def _warn(line: str) -> None:
+    """``line`` (which starts with a file's path) on stderr, once per process and version of the file."""
+    path = line.split(" ", 1)[0]
+    key = (path, os.path.getmtime(path) if os.path.exists(path) else 0.0)
+    if key not in _warned:
+        _warned.add(key)
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def _read_derived(path: Path, key: str) -> dict[str, Any]:
+    """final.json or ablation.json (``key``: the list it must hold).
+
+    Raises:
+        RecordsError: not valid JSON, or not that file's shape.
+    """
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get(key), list):
+        raise RecordsError(f"{path} is not the study's {path.name} (no valid {key})")
+    return data
 
 
 def as_folder(where: ResultsFolder | Path | str) -> ResultsFolder:

@@ -44,6 +44,8 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise RecordsError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+    except UnicodeDecodeError as err:  # bytes that are not text at all (a corrupt disk block, say)
+        raise RecordsError(f"{path} is not valid JSON (not UTF-8 text: byte {err.start})") from None
 
 
 def config_id(trial: int, index: int) -> str:

@@ -146,11 +146,13 @@ def best(folder: ResultsFolder, configs: pd.DataFrame) -> dict[str, Any] | None:
     if final and final["configs"]:
         top = reevaluated_best(final, metric, maximize)
         vals = np.array([v for v in top["scores"] or [] if v is not None], float)
-        row = configs.set_index("config_id").loc[top["config_id"]]
+        # its search score: None where its trial's record can no longer be read (reports/problems.txt names it)
+        searched = configs.set_index("config_id")[metric] if len(configs) else pd.Series(dtype=float)
+        score = searched.get(top["config_id"])
         lo, hi = bootstrap_ci(vals)
         return dict(
             study=meta.study, config_id=top["config_id"], params=top["params"],
-            metric=metric, search_score=float(row[metric]),
+            metric=metric, search_score=None if score is None or pd.isna(score) else float(score),
             reevaluation=dict(mean=float(vals.mean()) if len(vals) else None, iqm=iqm(vals),
                               final_return=_mean(top.get("final_returns")),
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
@@ -264,10 +266,10 @@ def build(where: ResultsFolder | Path, *, plots: bool = True) -> dict[str, Path]
         tmp = paths[name].with_suffix(".csv.tmp")
         df.to_csv(tmp, index=False)
         tmp.replace(paths[name])
-    problems = folder.report("problems.txt")  # trial records that could not be read: named, never dropped
-    _, unreadable = folder.read_trials()
+    problems = folder.report("problems.txt")  # files that could not be read: named, never dropped
+    unreadable = folder.unreadable()
     if unreadable:
-        problems.write_text("trial records left out of these reports:\n" + "".join(f"{p}\n" for p in unreadable))
+        problems.write_text("files left out of these reports:\n" + "".join(f"{p}\n" for p in unreadable))
         paths["problems"] = problems
     else:
         problems.unlink(missing_ok=True)

@@ -173,6 +173,7 @@ class Study:
     def __post_init__(self) -> None:
         if self.direction is None:  # frozen: set once, here
             object.__setattr__(self, "direction", "minimize" if self.objective == "steps" else "maximize")
+        _check_shape(self)
 
     def static_names(self, config_fields: set[str]) -> list[str]:
         return [n for n in self.space if n in config_fields]
@@ -188,6 +189,48 @@ class Study:
                   if isinstance(d := self.space[n], LogUniform | Uniform)]
         return {"interval": settings.interval, "fraction": settings.fraction, "perturb": settings.perturb,
                 "bounds": bounds}
+
+
+def _check_shape(study: Study) -> None:
+    """The fields' types, so that a study file's slip is one line when it loads, not a traceback
+    in a trial (what the values must be for the algorithm: :func:`validate`).
+
+    Raises:
+        StudyError: a field of the wrong type, an empty search space, or a distribution whose
+            bounds are not finite numbers (an integer range's: integers; a log scale's: above 0).
+    """
+    where = f"study {study.name}"
+    for name in ("name", "algo"):
+        if not isinstance(getattr(study, name), str):
+            raise StudyError(f"{where}: {name} must be a string, got {getattr(study, name)!r}")
+    for name in ("space", "config", "hparams", "baseline"):
+        if not isinstance(getattr(study, name), dict):
+            raise StudyError(f"{where}: {name} must be a dict of setting names, got {getattr(study, name)!r}")
+    for name in ("cpu", "gpu", "smoke"):
+        if not isinstance(getattr(study, name), Budget):
+            raise StudyError(f"{where}: {name} must be a harness.space.Budget(trials=, configs_per_trial=, "
+                             f"seeds=, timesteps=), got {getattr(study, name)!r}")
+    if study.pbt is not None and not isinstance(study.pbt, PBT):
+        raise StudyError(f"{where}: pbt must be a harness.space.PBT(...) or None, got {study.pbt!r}")
+    if not study.space:
+        raise StudyError(f"{where}: the search space is empty; search at least one setting, "
+                         "e.g. space=dict(lr=LogUniform(1e-4, 1e-2))")
+    for name, dist in study.space.items():
+        if not isinstance(dist, LogUniform | Uniform | Int | Categorical):
+            raise StudyError(f"{where}: space[{name!r}] must be LogUniform, Uniform, Int or Categorical, got "
+                             f"{dist!r} (a fixed value goes in config or hparams)")
+        if isinstance(dist, Categorical) and not isinstance(dist.choices, tuple | list):
+            raise StudyError(f"{where}: space[{name!r}]: Categorical takes a tuple of choices, "
+                             f"got {dist.choices!r}")
+        if isinstance(dist, Categorical):
+            continue
+        number = int if isinstance(dist, Int) else int | float
+        if not all(isinstance(v, number) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in (dist.low, dist.high)):
+            kind = "integers" if isinstance(dist, Int) else "finite numbers"
+            raise StudyError(f"{where}: space[{name!r}] bounds must be {kind}, got {dist.low!r}, {dist.high!r}")
+        if isinstance(dist, Int) and dist.log and dist.low < 1:
+            raise StudyError(f"{where}: space[{name!r}] is an integer range on a log scale but low={dist.low} < 1")
 
 
 def _static_choices(dist: Distribution) -> list[Any]:

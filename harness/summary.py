@@ -25,9 +25,10 @@ def lines(paths: dict[str, Path], *, done: int, minutes: float,
         if ev and ev.get("mean") is not None:
             final = (f", final return {ev['final_return']:.1f}" if b.get("objective", "final") != "final"
                      and ev.get("final_return") is not None else "")
+            searched = ("unknown (its trial record is unreadable)" if b.get("search_score") is None
+                        else f"{b['search_score']:.1f}")
             out += [f"best: {b['config_id']} re-evaluated {ev['mean']:.1f} (95% CI {ev['ci95'][0]:.1f}"
-                    f"..{ev['ci95'][1]:.1f}) on {ev['seeds']} fresh seeds{final}; search score "
-                    f"{b['search_score']:.1f}",
+                    f"..{ev['ci95'][1]:.1f}) on {ev['seeds']} fresh seeds{final}; search score {searched}",
                     f"  {fmt_params(b['params'])}",
                     f"  reproduce: {b['reproduce']['command']}"]
         elif b.get("search_score") is not None:  # nothing re-trained (--top-k 0): its search score

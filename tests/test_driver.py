@@ -27,7 +27,7 @@ from harness.guard import DiskGuard
 from harness.kernel import FINAL
 from harness.records import RecordsError, write_json
 from harness.settings import Options, prepare_folder, resolve
-from harness.space import Budget, StudyError
+from harness.space import Budget, Int, StudyError, Uniform
 from tests.driver import CPU, FakeTune, settings_for, small
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,6 +127,39 @@ def test_settings__what_cannot_work_is_refused_before_ray_in_one_line(tmp_path, 
     with pytest.raises(StudyError, match=expect) as err:
         settings_for(studies.get("cartpole_ppo"), tmp_path, **options)
     assert "\n" not in str(err.value)
+
+
+def test_settings__lanes_need_evaluations_during_training_to_judge_configurations(tmp_path):
+    study = dataclasses.replace(studies.get("cartpole_ppo"), objective="final", curve_episodes=0)
+    with pytest.raises(StudyError, match=r"--scheduler lanes judges each configuration by its evaluations during "
+                                         r"training, and curve_episodes=0 evaluates none"):
+        settings_for(study, tmp_path, scheduler="lanes")
+    assert settings_for(study, tmp_path, scheduler="asha").scheduler == "asha"
+
+
+@pytest.mark.parametrize("change, expect", [
+    (dict(space={}), r"the search space is empty; search at least one setting"),
+    (dict(space=dict(lr=1e-3)), r"space\['lr'\] must be LogUniform, Uniform, Int or Categorical, got 0.001 "),
+    (dict(space=[("lr", 1e-3)]), r"space must be a dict of setting names"),
+    (dict(space=dict(num_minibatches=Int(0, 8, log=True))), r"integer range on a log scale but low=0 < 1"),
+    (dict(space=dict(lr=Uniform(1e-4, float("inf")))), r"space\['lr'\] bounds must be finite numbers"),
+    (dict(space=dict(num_minibatches=Int(2, 8.5))), r"space\['num_minibatches'\] bounds must be integers"),
+    (dict(cpu=dict(trials=2, configs_per_trial=2, seeds=1, timesteps=1)), r"cpu must be a harness.space.Budget"),
+    (dict(config=["num_envs", 4]), r"config must be a dict of setting names"),
+])
+def test_study__a_field_of_the_wrong_shape_is_refused_where_the_study_is_made(change, expect):
+    with pytest.raises(StudyError, match=expect) as err:
+        dataclasses.replace(studies.get("cartpole_ppo"), **change)
+    assert "\n" not in str(err.value) and str(err.value).startswith("study cartpole_ppo: ")
+
+
+def test_settings__a_results_folder_that_cannot_be_written_is_one_line_and_nothing_is_left_made(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(StudyError, match=r"cannot write results to .*a_file/x/cartpole_ppo: Not a directory"):
+        prepare_folder(ResultsFolder(tmp_path / "a_file" / "x" / "cartpole_ppo"), "cartpole_ppo", fresh=False)
+    assert prepare_folder(ResultsFolder(tmp_path / "new" / "deeper" / "cartpole_ppo"), "cartpole_ppo",
+                          fresh=False) == (None, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # the try made nothing that stays
 
 
 @pytest.mark.parametrize("name", ["cartpole_ppo", "cartpole_sac", "dungeon_ppo", "pendulum_sac", "snake_ppo"])
@@ -524,7 +557,8 @@ def test_study_cli__fresh_with_a_study_that_cannot_work_leaves_the_old_results_w
 
     (tmp_path / "bad.py").write_text(
         "from harness.space import *\n"
-        "STUDY = Study(name='bad', description='d', env='CartPole-v1', algo='nope', space={}, "
+        "STUDY = Study(name='bad', description='d', env='CartPole-v1', algo='nope', "
+        "space=dict(lr=LogUniform(1e-4, 1e-2)), "
         "cpu=Budget(1, 1, 1, 64), gpu=Budget(1, 1, 1, 64), smoke=Budget(1, 1, 1, 64))\n")
     ResultsFolder(tmp_path / "out" / "bad").write_meta(StudyMeta(study="bad"))
     assert cli.main([str(tmp_path / "bad.py"), "--fresh", "--out", str(tmp_path / "out")]) == 2

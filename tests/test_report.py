@@ -176,6 +176,48 @@ def test_report__unreadable_trial_records_are_named_and_the_rest_reported(tmp_pa
     assert sorted(set(pd.read_csv(paths["configs"]).trial)) == [0, 1, 2]
 
 
+def test_report__bytes_that_are_not_text_a_config_without_its_index_and_a_cut_final_json_are_named(
+        tmp_path, capsys):
+    """Every unreadable file is named and left out; the reports still rebuild from the rest, and
+    the answer that final.json names keeps its re-evaluation when its own trial record is lost."""
+    import json
+
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize", "space": {"lr": "log"}})
+    for t in range(3):
+        write_json(tmp_path / "trials" / f"{t:04d}.json",
+                   _record(t, "complete", [[10.0 + t, 20.0], [30.0, 40.0]], [[False, False], [False, False]]))
+    (tmp_path / "trials" / "0001.json").write_bytes(b"\xff\xfe\x00garbage")  # a corrupt disk block
+    broken = _record(2, "complete", [[1.0, 2.0]] * 2, [[False] * 2] * 2)
+    del broken["configs"][0]["index"]
+    write_json(tmp_path / "trials" / "0002.json", broken)
+    answer = {"config_id": "t0001c1", "params": {"lr": 0.2}, "scores": [50.0, 52.0], "final_returns": [50.0, 52.0],
+              "diverged": [False, False], "plans": [], "command": "python -m harness.train ..."}
+    write_json(tmp_path / "final.json", {"trials": [0, 1, 2], "configs": [answer], "control": None})
+    (tmp_path / "ablation.json").write_text('{"steps": [')  # cut short
+    assert report.main([str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "0001.json is not valid JSON (not UTF-8 text: byte 0)" in err
+    assert "0002.json is not a trial record (no valid configs)" in err
+    assert "ablation.json is not valid JSON" in err and "Traceback" not in err
+    best = json.loads((tmp_path / "reports" / "best.json").read_text())
+    assert best["config_id"] == "t0001c1" and best["search_score"] is None
+    assert best["reevaluation"]["mean"] == 51.0
+    problems = (tmp_path / "reports" / "problems.txt").read_text()
+    assert all(f in problems for f in ("0001.json", "0002.json", "ablation.json")), problems
+    (tmp_path / "final.json").write_text("[]")
+    assert report.main([str(tmp_path)]) == 0
+    assert "final.json is not the study's final.json (no valid configs)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "reports" / "best.json").read_text())["reevaluation"] is None
+
+
+def test_report__a_study_json_with_fields_of_the_wrong_type_is_one_line(tmp_path, capsys):
+    write_json(tmp_path / "study.json", {"study": "s", "space": ["lr"], "direction": 3})
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    where = tmp_path / "study.json"
+    assert err.strip() == f"error: {where} is not a study's study.json (no valid direction, space)"
+
+
 def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_nothing_else(tmp_path, monkeypatch):
     import errno
     import os
