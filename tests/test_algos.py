@@ -397,3 +397,18 @@ def test_orthogonal_init__no_qr_in_the_lanes_init_takes_a_batch():
     hlo = jax.jit(batched(algo.init)).lower(lanes, hp).as_text()
     operands = re.findall(r"custom_call @\w*geqrf\w*\(.*: \(tensor<([0-9x]+?)xf32>\)", hlo)
     assert operands and all(o.count("x") == 1 for o in operands), operands  # [m, n]: one matrix each
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda: ppo.PPOConfig(activation="swish"), r"activation='swish'; choose from tanh, relu"),
+    (lambda: ppo.PPOConfig(hidden=(64, -1)), r"PPOConfig.hidden must be layer widths >= 1, got \(64, -1\)"),
+    (lambda: sac.SACConfig(hidden=(0,)), r"SACConfig.hidden must be layer widths >= 1"),
+    (lambda: sac.SACConfig(total_timesteps=1000, learning_starts=1000),
+     r"total_timesteps=1000 leaves no step to learn from after the random warm-up \(learning_starts=1000"),
+])
+def test_configs__a_value_no_network_or_budget_can_use_is_refused_when_the_config_is_made(make, expect):
+    """Refused as the config is made (a study's check and ``harness.train --set`` show it in one
+    line), not inside a traced kernel (a KeyError, a negative dimension) or as a run of 0 chunks."""
+    with pytest.raises(ValueError, match=expect):
+        make()
+    assert sac.SACConfig(total_timesteps=1004, learning_starts=1000).num_chunks == 1  # one step past it: runs
