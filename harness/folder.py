@@ -39,7 +39,8 @@ _CONFIG_FIELDS = {"index": int, "params": dict}  # each entry of a trial record'
 # study.json's fields and the types they must have (None allowed where the default is None)
 _META_TYPES = {"study": str, "env": str, "algo": str, "direction": str, "metric": str, "objective": str,
                "threshold": (int, float), "scheduler": str, "seed": int, "budget": dict, "smoke": bool,
-               "created": str, "space": dict, "eval_policy": str, "reference": dict, "rounds": (int, float)}
+               "created": str, "space": dict, "eval_policy": str, "reference": dict, "rounds": (int, float),
+               "optuna_study": str}
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class StudyMeta:
     eval_policy: str = "greedy"
     reference: dict[str, Any] | None = None  # {"label", "return"}
     rounds: float | None = None  # a lane study: its lane trials' length in trials (Settings.with_rounds)
+    optuna_study: str = ""  # its Optuna study's name in the storage (Settings.with_optuna_study); "": the study's
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys this version does not know: kept
 
     @property

@@ -72,7 +72,7 @@ class LaneBroker:
 
     def __init__(self, study: Any, storage: str, *, static_names: list[str],
                  hparams: Callable[[dict[str, Any]], dict[str, float]], min_steps: int, eta: int = ETA,
-                 sampler: str = "tpe") -> None:
+                 sampler: str = "tpe", name: str | None = None) -> None:
         import optuna
 
         from harness.search import open_study
@@ -82,7 +82,7 @@ class LaneBroker:
         self.pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, min_steps), reduction_factor=eta,
                                                              min_early_stopping_rate=0)
         # its own sampler stream: the driver's searcher asks the same study for the trials' first lanes
-        self.ostudy = open_study(study, storage, sampler=sampler, pruner=self.pruner, stream=1)
+        self.ostudy = open_study(study, storage, sampler=sampler, pruner=self.pruner, stream=1, name=name)
         # BOHB's random fraction: TPE fitted on the survivors of early rungs exploits the region of the
         # first configurations promoted, and a random proposal costs little where most are stopped at
         # the first rung (1/eta**2 of a budget). Without it, a CartPole study's TPE never reached the
@@ -90,7 +90,7 @@ class LaneBroker:
         self.explore = None
         if sampler == "tpe":
             self.explore = open_study(study, storage, sampler="random", pruner=self.pruner, stream=2,
-                                      beside=self.ostudy)
+                                      beside=self.ostudy, name=name)
         self.answers: dict[tuple[int, int], dict[str, Any]] = {}
         self._trials: dict[int, Any] = {}
         self._running: set[int] = set()  # Optuna trials this broker has seen running
@@ -160,11 +160,14 @@ class LaneBroker:
         # a configuration with those that reached the rung before it, so judged one after another a
         # lane went on for beating the lanes before it (in lane order, about 2 of a study's first 4,
         # whatever their values; best first, only the best of a first batch). As ASHA reads "top
-        # 1/eta of those that reached the rung", each is judged with all of its batch counted.
-        # Grouped by the rung Optuna judges each at (the rungs it has passed there), which is the
-        # lane's own count unless a rung value could not be computed (then Optuna lags a rung).
-        batch: dict[int, dict[int, float]] = {}  # rung -> {Optuna number: value} of this chunk's lanes
-        at: dict[int, int] = {}  # Optuna number -> its rung
+        # 1/eta of those that reached the rung", each is judged with all of its batch counted, rung
+        # by rung: a lane whose chunk took it past two rungs is judged at the second with the lanes
+        # of its batch promoted at the first. Each starts at the rung Optuna judges it at (the rungs
+        # it has passed there), which is the lane's own count unless a rung value could not be
+        # computed (then Optuna lags a rung).
+        values: dict[int, float] = {}  # Optuna number -> its value now
+        at: dict[int, int] = {}  # Optuna number -> the first rung it is judged at
+        top: dict[int, int] = {}  # Optuna number -> the last rung its env steps have passed
         verdicts: dict[int, dict[str, Any]] = {}  # Optuna number -> a verdict a broker before this one wrote
         for value, t, r in judged:
             frozen = t._get_latest_trial()
@@ -174,18 +177,30 @@ class LaneBroker:
                 continue
             if r["steps"] not in frozen.intermediate_values:
                 t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
-            at[t.number] = _get_current_rung(t._get_latest_trial())
-            batch.setdefault(at[t.number], {})[t.number] = value
+            values[t.number], at[t.number] = value, _get_current_rung(t._get_latest_trial())
+            top[t.number] = r["rung"]  # its report's rung: the last its steps passed (none past the budget)
         # the study's trials read once for the batch (from SQLite ~40 ms a read, per lane judged before),
-        # with the rung values the batch's verdicts write as they are written
-        trials = self.ostudy.get_trials(deepcopy=False) if len(verdicts) < len(judged) else []
+        # with the rung values of the batch's lanes judged so far (rung_attrs) and the rest of the batch
+        # at the rung being judged (_WithBatch)
+        trials = self.ostudy.get_trials(deepcopy=False) if at else []
         rung_attrs: dict[int, dict[str, Any]] = {}
+        new = {t.number: {"at": int(r["steps"]), "prune": False, "attrs": {}}
+               for _, t, r in judged if t.number in at}
+        by_number = {t.number: t for _, t, _ in judged}
+        for rung in range(min(at.values(), default=0), max(top.values(), default=-1) + 1):
+            batch = {n: values[n] for n in at if at[n] <= rung <= top[n] and not new[n]["prune"]}
+            for n in batch:
+                prune, written = self._judge(by_number[n], rung, batch, trials, rung_attrs)
+                rung_attrs.setdefault(n, {}).update(written)
+                new[n]["attrs"].update(written)
+                new[n]["prune"] = prune
         for _, t, r in judged:
-            verdict = verdicts.get(t.number) or self._judge(t, int(r["steps"]), at[t.number], batch[at[t.number]],
-                                                            trials, rung_attrs)
+            verdict = verdicts.get(t.number)
+            if verdict is None:  # written before anything it decides (see _judge)
+                verdict = new[t.number]
+                t.set_user_attr(VERDICT_ATTR, verdict)
             for key, value in verdict["attrs"].items():  # the pruner's rung values, written after its verdict
                 self.ostudy._storage.set_trial_system_attr(t._trial_id, key, value)
-            rung_attrs.setdefault(t.number, {}).update(verdict["attrs"])
             if verdict["prune"]:  # at the last rung Optuna wrote a value for (at those before it, promoted)
                 where = max((int(k.rpartition("_")[2]) for k in verdict["attrs"]), default=r["rung"])
                 why = f"stopped at rung {where + 1} ({r['steps']} env steps)"
@@ -223,23 +238,29 @@ class LaneBroker:
             new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
         return new
 
-    def _judge(self, t: Any, steps: int, rung: int, batch: dict[int, float], trials: list[Any],
-               rung_attrs: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        """Optuna's successive-halving pruner on ``t`` (reported at ``rung``), with the other lanes
-        that reached that rung after the same chunk (``batch``) counted as having reached it.
+    def _judge(self, t: Any, rung: int, batch: dict[int, float], trials: list[Any],
+               rung_attrs: dict[int, dict[str, Any]]) -> tuple[bool, dict[str, Any]]:
+        """Optuna's successive-halving pruner on ``t`` at ``rung`` alone, with the other lanes that
+        reached that rung after the same chunk (``batch``) counted as having reached it. Returns
+        (stopped there, the rung value the pruner wrote).
 
-        The verdict is written to the trial (``VERDICT_ATTR``) before anything it decides: the
-        pruner's rung values (which it would write as it judges; here they are held back and
-        returned in ``attrs``) and the tell. A broker killed in between leaves the verdict, and
-        the broker after it answers as it did; judged again, the trial's own rung value would
-        count it a rung further and promote it. ``trials``: the study's, read once per batch, and
-        ``rung_attrs``: the rung values the batch's verdicts wrote since (by Optuna number); the
-        pruner reads nothing else of the others."""
+        Nothing is written here: the broker writes each lane's verdict (``VERDICT_ATTR``: its
+        rungs' decisions) before anything it decides: the pruner's rung values (which it would
+        write as it judges; here they are held back) and the tell. A broker killed in between
+        leaves the verdict, and the broker after it answers as it did; judged again, the trial's
+        own rung value would count it a rung further and promote it. ``trials``: the study's, read
+        once per batch, and ``rung_attrs``: the rung values the batch's verdicts hold so far (by
+        Optuna number); the pruner reads nothing else of the others."""
+        import copy
+
+        frozen = copy.copy(t._get_latest_trial())
+        value = frozen.intermediate_values[frozen.last_step]
+        # judged at this rung only: its value as if reported at the rung's own step (the pruner judges
+        # every rung up to the step it is shown), with the rungs it passed in this batch counted
+        frozen.intermediate_values = {max(1, self.min_steps) * self.eta**rung: value}
+        frozen.system_attrs = {**frozen.system_attrs, **rung_attrs.get(t.number, {})}
         view = _WithBatch(self.ostudy, trials, rung_attrs, t.number, rung, batch)
-        prune = self.pruner.prune(view, t._get_latest_trial())
-        verdict = {"at": steps, "prune": bool(prune), "attrs": view.written}
-        t.set_user_attr(VERDICT_ATTR, verdict)
-        return verdict
+        return bool(self.pruner.prune(view, frozen)), view.written
 
     def _ask(self, static: dict[str, Any], snapshot: list[Any], step_trials: list[Any]) -> Any:
         """A new Optuna trial with the ``static`` values fixed, as ``enqueue_trial`` then ``ask`` fix

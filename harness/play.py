@@ -77,6 +77,8 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     from harness.kernel import TrialPlan, build_config, keys_for, make_algo
     from harness.render import RENDERERS, use_offscreen_gl
 
+    if gif is not None and not Path(gif).resolve().parent.is_dir():  # said now, not after the episode
+        raise PlayError(f"cannot write {gif}: no folder {Path(gif).resolve().parent}")
     policy, path = _choose(Path(root), config, seed)
     robot = _robot(policy["env"])
     if gif is not None and policy["env"] not in RENDERERS and not robot:

@@ -22,7 +22,7 @@ from ray.tune.search import Searcher
 
 from harness.folder import InFlight
 from harness.kernel import TrialPlan
-from harness.space import Categorical, Int, LogUniform, Study, Uniform, label
+from harness.space import Categorical, Int, LogUniform, Study, StudyError, Uniform, label
 from harness.stats import config_score, config_value
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -87,22 +87,42 @@ def _commit_without_sync(connection: Any, _record: Any) -> None:
 
 def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str = "tpe",
                pruner: optuna.pruners.BasePruner | None = None, stream: int = 0,
-               beside: optuna.Study | None = None) -> optuna.Study:
-    """The Optuna study for ``study`` in the storage at ``url`` (created on first use). Without a
+               beside: optuna.Study | None = None, name: str | None = None) -> optuna.Study:
+    """The Optuna study for ``study`` in the storage at ``url`` (created on first use), named
+    ``name`` there (default: the study's name; a results folder's: ``Settings.optuna_name``). Without a
     ``seed``, the sampler's seed moves on with the study (the study's seed and its trials so far),
     so a resumed study does not replay the proposals it made before it was interrupted.
     ``beside``: a handle opened before in this process, whose storage (and its cache of trials)
     this one shares, so a trial created through either can be sampled by the other."""
     direction = "maximize" if study.direction == "maximize" else "minimize"
     store = beside._storage if beside is not None else storage(url)
+    name = name or study.name
     if seed is None:
         try:
-            told = len(optuna.load_study(study_name=study.name, storage=store).get_trials(deepcopy=False))
+            told = len(optuna.load_study(study_name=name, storage=store).get_trials(deepcopy=False))
         except KeyError:
             told = 0
         seed = study.seed * 1_000_003 + told + stream * 7_919_993  # stream: another process asking too
-    return optuna.create_study(study_name=study.name, storage=store, sampler=make_sampler(sampler, seed),
+    return optuna.create_study(study_name=name, storage=store, sampler=make_sampler(sampler, seed),
                                direction=direction, load_if_exists=True, pruner=pruner)
+
+
+def free_study_name(name: str, url: str) -> str:
+    """``name``, or where the storage at ``url`` holds a study of that name already, the first
+    free ``name-2``, ``name-3``, ...
+
+    Raises:
+        StudyError: the storage cannot be opened.
+    """
+    try:
+        taken = set(optuna.get_all_study_names(storage(url)))
+    except Exception as err:  # sqlalchemy/optuna raise many kinds for a bad URL
+        raise StudyError(f"cannot open Optuna storage {url!r}: {str(err).splitlines()[0]}") from None
+    out, n = name, 1
+    while out in taken:
+        n += 1
+        out = f"{name}-{n}"
+    return out
 
 
 def suggest(trial: optuna.Trial, space: dict[str, Any]) -> dict[str, Any]:

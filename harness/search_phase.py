@@ -52,7 +52,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     budget = settings.budget(placement.kind)
     records = folder.trials()
     try:
-        ostudy = open_study(settings.study, settings.storage, sampler=settings.sampler)
+        ostudy = open_study(settings.study, settings.storage, sampler=settings.sampler, name=settings.optuna_name)
     except Exception as err:  # sqlalchemy/optuna raise many kinds for a bad URL
         if guard.note(err):
             raise guard.error() from None
@@ -127,11 +127,11 @@ class BrokerHandle:
         # driver's Ray job: ray.init without a namespace puts each job in an anonymous namespace of
         # its own, so two drivers of one study on one cluster each find their own broker
         digest = hashlib.sha1(settings.storage.encode()).hexdigest()[:10]
-        self.name = f"rl-harness-lanes-{settings.study.name}-{digest}"
+        self.name = f"rl-harness-lanes-{settings.optuna_name}-{digest}"
         spec = settings.lanes(budget, self.name) or {}
         args = (settings.study, settings.storage)
         kwargs = dict(static_names=settings.static_names, hparams=settings.hparams, min_steps=spec["min_steps"],
-                      eta=spec["eta"], sampler=settings.sampler)
+                      eta=spec["eta"], sampler=settings.sampler, name=settings.optuna_name)
         self.actor = None
         if not ray.is_initialized():  # no Ray here (trials run in this process): the broker too
             serve_locally(self.name, LaneBroker(*args, **kwargs))

@@ -66,6 +66,7 @@ class Settings:
     resume_command: str  # the command that resumes this study (printed when it stops early)
     ablation: bool = True  # the ablation path after the final phase (harness.ablation)
     rounds: float | None = None  # with lanes: a lane trial's length in trials (with_rounds); None: not set yet
+    optuna_study: str = ""  # the Optuna study's name in the storage (with_optuna_study); "": the study's name
 
     @property
     def config_fields(self) -> frozenset[str]:
@@ -100,6 +101,29 @@ class Settings:
         from harness.lanes import ROUNDS
 
         return self.rounds or budget.trials / -(-budget.trials // ROUNDS)
+
+    @property
+    def optuna_name(self) -> str:
+        return self.optuna_study or self.study.name
+
+    def with_optuna_study(self, stored: StudyMeta | None, own_storage: bool) -> Settings:
+        """With the name of this results folder's Optuna study: the one its study.json names (the
+        study's name in a folder from before it was stored); for a new folder, the study's name, or
+        in a storage that already holds a study of that name (another folder's: ``--smoke``,
+        another ``--out``, a ``--fresh`` start), the first free ``NAME-2``, ``NAME-3``, ... (joined,
+        its trials would be marked failed as stale when this one starts, and its tells skipped).
+        ``own_storage``: the folder's own SQLite file, new with the folder, so nothing is asked.
+
+        Raises:
+            StudyError: the storage cannot be opened.
+        """
+        if stored is not None:
+            return dataclasses.replace(self, optuna_study=stored.optuna_study or self.study.name)
+        if own_storage:
+            return dataclasses.replace(self, optuna_study=self.study.name)
+        from harness.search import free_study_name
+
+        return dataclasses.replace(self, optuna_study=free_study_name(self.study.name, self.storage))
 
     def with_rounds(self, budget: Budget, slots: int, stored: StudyMeta | None) -> Settings:
         """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy (the
@@ -197,6 +221,7 @@ class Settings:
         return dataclasses.replace(
             base, budget=dataclasses.asdict(budget), space={n: _kind(d) for n, d in s.space.items()},
             eval_policy=s.config.get("eval_policy", "greedy"), rounds=self.rounds or base.rounds,
+            optuna_study=self.optuna_study or base.optuna_study,
             reference=None if s.reference is None else {"label": s.reference_label, "return": s.reference})
 
 

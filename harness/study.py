@@ -142,6 +142,7 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
             budget = settings.budget(place.kind)
             place = cluster.fit_trials(settings, budget, place)
             settings = settings.with_rounds(budget, place.slots, stored)  # the slots the trials fit in
+            settings = settings.with_optuna_study(stored, own_storage=settings.storage == folder.optuna_url())
             created = datetime.datetime.now().isoformat(timespec="seconds")
             folder.write_meta(settings.meta(budget, stored, created))
             for line in header(settings, budget, place, folder, *urls):

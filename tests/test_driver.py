@@ -153,6 +153,34 @@ def test_study__a_field_of_the_wrong_shape_is_refused_where_the_study_is_made(ch
     assert "\n" not in str(err.value) and str(err.value).startswith("study cartpole_ppo: ")
 
 
+def test_settings__each_results_folder_has_its_own_optuna_study_in_a_shared_storage(tmp_path):
+    """A second folder of the same study in a shared --storage (--smoke, another --out, --fresh)
+    gets NAME-2, so starting it cannot mark the first one's running trials failed as stale; a
+    resumed folder keeps the name its study.json holds (a folder from before: the study's name)."""
+    from harness.search import open_study, reconcile
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    study = studies.get("cartpole_ppo")
+    first = settings_for(study, tmp_path / "a", storage=url).with_optuna_study(None, own_storage=False)
+    assert first.optuna_name == "cartpole_ppo"
+    running = open_study(first.study, url, name=first.optuna_name).ask()
+    second = settings_for(study, tmp_path / "b", storage=url).with_optuna_study(None, own_storage=False)
+    assert second.optuna_name == "cartpole_ppo-2"
+    meta = second.meta(Budget(1, 1, 1, 64), None, "now")
+    ResultsFolder(tmp_path).write_meta(meta)
+    assert ResultsFolder(tmp_path).meta().optuna_study == "cartpole_ppo-2"
+    ostudy = open_study(second.study, url, name=second.optuna_name)
+    assert reconcile(ostudy, []) == 0  # nothing of the first folder's is touched
+    assert optuna.load_study(study_name="cartpole_ppo", storage=url).trials[running.number].state.name == "RUNNING"
+    again = settings_for(study, tmp_path / "b", storage=url).with_optuna_study(meta, own_storage=False)
+    assert again.optuna_name == "cartpole_ppo-2"
+    old = StudyMeta(study="cartpole_ppo")  # written before the name was stored
+    resumed = settings_for(study, tmp_path / "c", storage=url).with_optuna_study(old, own_storage=False)
+    assert resumed.optuna_name == "cartpole_ppo"
+    with pytest.raises(StudyError, match=r"^cannot open Optuna storage 'nosuchdb://x': "):
+        settings_for(study, tmp_path / "d", storage="nosuchdb://x").with_optuna_study(None, own_storage=False)
+
+
 def test_settings__a_results_folder_that_cannot_be_written_is_one_line_and_nothing_is_left_made(tmp_path):
     (tmp_path / "a_file").write_text("")
     with pytest.raises(StudyError, match=r"cannot write results to .*a_file/x/cartpole_ppo: Not a directory"):

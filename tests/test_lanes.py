@@ -376,8 +376,29 @@ def test_broker__a_lane_judged_at_two_rungs_in_a_chunk_counts_for_the_lanes_judg
     assert broker.step(0, 1, static, [_at(1, b.number, 128, 10.0)], False)["ended"] == {}  # alone: goes on
     # a, new and at 384 steps, passes rungs 0 and 1 in one judgement (the best at both); b, judged
     # after it at rung 1, is behind a there and stops
-    answer = broker.step(0, 2, static, [_at(0, a.number, 384, 50.0), _at(1, b.number, 384, 10.0, rung=1)], False)
+    answer = broker.step(0, 2, static, [_at(0, a.number, 384, 50.0, rung=1), _at(1, b.number, 384, 10.0, rung=1)],
+                         False)
     assert answer["ended"] == {1: {"status": "pruned", "why": "stopped at rung 2 (384 env steps)"}}
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_broker__lanes_past_two_rungs_in_a_chunk_are_judged_together_at_both_whatever_their_lane(tmp_path, order):
+    """Two new lanes pass rungs 0 and 1 in one chunk: at rung 0 both are in the top third (behind
+    them, 9 configurations judged there before); at rung 1, judged together, only the better goes
+    on, whichever lane it is in. (Judged at the second rung one after another, the first judged
+    went on alone: with the worse one first, both went on.)"""
+    settings, ostudy, broker = _broker(tmp_path)  # rungs at 100 and 300 env steps, top 1/3 go on
+    static = {"num_minibatches": "8"}
+    for i, t in enumerate([ostudy.ask() for _ in range(9)]):
+        broker.step(0, i + 1, static, [_at(0, t.number, 128, float(i))], False)
+    good, bad = ostudy.ask(), ostudy.ask()
+    reports = [_at(0, good.number, 384, 50.0, rung=1), _at(1, bad.number, 384, 10.0, rung=1)]
+    answer = broker.step(1, 1, static, [reports[i] for i in order], False)
+    assert answer["ended"] == {1: {"status": "pruned", "why": "stopped at rung 2 (384 env steps)"}}
+    frozen = {t.number: t for t in ostudy.get_trials()}
+    assert frozen[good.number].system_attrs.keys() >= {"completed_rung_0", "completed_rung_1"}
+    assert frozen[bad.number].user_attrs["verdict"] == {
+        "at": 384, "prune": True, "attrs": {"completed_rung_0": 10.0, "completed_rung_1": 10.0}}
 
 
 def test_broker__answers_as_a_broker_reading_the_storage_for_every_judgement_and_proposal(tmp_path, monkeypatch):

@@ -104,3 +104,12 @@ def test_render__no_opengl_for_mujoco_is_one_clear_error(tmp_path):
                        env={**os.environ, "MUJOCO_GL": "disable"})  # as where no OpenGL library loads
     assert "RenderError: MuJoCo cannot render with MUJOCO_GL=disable" in r.stdout, r.stdout + r.stderr
     assert "apt install libegl1 libegl-mesa0" in r.stdout
+
+
+def test_play__a_gif_whose_folder_does_not_exist_is_refused_before_anything_runs(tmp_path):
+    from harness.play import PlayError, play
+
+    with pytest.raises(PlayError, match=r"^cannot write .*nowhere/ep.gif: no folder .*nowhere$"):
+        play(tmp_path, gif=tmp_path / "nowhere" / "ep.gif")
+    with pytest.raises(PlayError, match=r"^no results folder at "):  # with the folder there, the next check
+        play(tmp_path / "results", gif=tmp_path / "ep.gif")
