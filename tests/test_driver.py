@@ -465,6 +465,11 @@ def test_final_phase__the_top_configurations_and_the_control_train_on_the_same_f
     assert [s["seed"] for s in policy["seeds"]] == list(range(rounds * 2))
     assert final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None  # up to date
     assert "re-training the top 3 configurations and the default one on 4 fresh seeds" in capsys.readouterr().out
+    text = folder.final_file.read_text()
+    folder.final_file.write_text(text[: len(text) // 2])  # cut short (a full disk, a kill mid-write elsewhere)
+    again = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)  # made again
+    assert again is not None and folder.final() == again and again["configs"] == final["configs"]
+    assert "final.json is not valid JSON" in capsys.readouterr().err
     # and the summary a study ends with, from the reports
     lines = summary.lines(report.build(folder), done=3, minutes=0.5)
     assert lines[0] == "done: 3 trials in 0.5 min"
