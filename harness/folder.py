@@ -77,6 +77,10 @@ class StudyMeta:
             raise RecordsError(f"{where} is not a study's study.json (no study name)")
         wrong = [k for k, t in _META_TYPES.items() if k in data and data[k] is not None
                  and (not isinstance(data[k], t) or isinstance(data[k], bool) and t is not bool)]
+        budget = data.get("budget")
+        if "budget" not in wrong and budget and not all(  # a resumed study reads every one of them
+                isinstance(budget.get(k), int) for k in ("trials", "configs_per_trial", "seeds", "timesteps")):
+            wrong.append("budget")
         if wrong:
             raise RecordsError(f"{where} is not a study's study.json (no valid {', '.join(wrong)})")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}

@@ -57,7 +57,8 @@ def test_folder__study_json_reads_back_with_defaults_for_what_older_versions_lef
     assert (meta.direction, meta.metric, meta.objective, meta.eval_policy, meta.space, meta.reference) == (
         "maximize", "mean", "final", "greedy", {}, None) and meta.maximize
     full = dataclasses.replace(meta, direction="minimize", objective="steps", threshold=400.0,
-                               reference={"label": "random play", "return": -1.0}, budget={"trials": 2})
+                               reference={"label": "random play", "return": -1.0},
+                               budget={"trials": 2, "configs_per_trial": 4, "seeds": 3, "timesteps": 1000})
     f.write_meta(full)
     assert f.meta() == full and not full.maximize
     assert json.loads(f.study_file.read_text())["from_the_future"] == 1  # what a newer version wrote is kept
