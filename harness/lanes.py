@@ -189,14 +189,16 @@ class LaneBroker:
         by_number = {t.number: t for _, t, _ in judged}
         for rung in range(min(at.values(), default=0), max(top.values(), default=-1) + 1):
             batch = {n: values[n] for n in at if at[n] <= rung <= top[n] and not new[n]["prune"]}
+            step = max(1, self.min_steps) * self.eta**rung  # the rung's own step (the pruner's min_resource)
             for n in batch:
-                prune, written = self._judge(by_number[n], rung, batch, trials, rung_attrs)
+                prune, written = _judge(self.pruner, self.ostudy, by_number[n], step, rung, batch, trials,
+                                        rung_attrs)
                 rung_attrs.setdefault(n, {}).update(written)
                 new[n]["attrs"].update(written)
                 new[n]["prune"] = prune
         for _, t, r in judged:
             verdict = verdicts.get(t.number)
-            if verdict is None:  # written before anything it decides (see _judge)
+            if verdict is None:  # written before anything it decides: a broker killed in between answers as it did
                 verdict = new[t.number]
                 t.set_user_attr(VERDICT_ATTR, verdict)
             for key, value in verdict["attrs"].items():  # the pruner's rung values, written after its verdict
@@ -237,30 +239,6 @@ class LaneBroker:
                 self._trials[t.number] = t
             new[lane] = {"number": t.number, "params": point, "hparams": self.hparams(point)}
         return new
-
-    def _judge(self, t: Any, rung: int, batch: dict[int, float], trials: list[Any],
-               rung_attrs: dict[int, dict[str, Any]]) -> tuple[bool, dict[str, Any]]:
-        """Optuna's successive-halving pruner on ``t`` at ``rung`` alone, with the other lanes that
-        reached that rung after the same chunk (``batch``) counted as having reached it. Returns
-        (stopped there, the rung value the pruner wrote).
-
-        Nothing is written here: the broker writes each lane's verdict (``VERDICT_ATTR``: its
-        rungs' decisions) before anything it decides: the pruner's rung values (which it would
-        write as it judges; here they are held back) and the tell. A broker killed in between
-        leaves the verdict, and the broker after it answers as it did; judged again, the trial's
-        own rung value would count it a rung further and promote it. ``trials``: the study's, read
-        once per batch, and ``rung_attrs``: the rung values the batch's verdicts hold so far (by
-        Optuna number); the pruner reads nothing else of the others."""
-        import copy
-
-        frozen = copy.copy(t._get_latest_trial())
-        value = frozen.intermediate_values[frozen.last_step]
-        # judged at this rung only: its value as if reported at the rung's own step (the pruner judges
-        # every rung up to the step it is shown), with the rungs it passed in this batch counted
-        frozen.intermediate_values = {max(1, self.min_steps) * self.eta**rung: value}
-        frozen.system_attrs = {**frozen.system_attrs, **rung_attrs.get(t.number, {})}
-        view = _WithBatch(self.ostudy, trials, rung_attrs, t.number, rung, batch)
-        return bool(self.pruner.prune(view, frozen)), view.written
 
     def _ask(self, static: dict[str, Any], snapshot: list[Any], step_trials: list[Any]) -> Any:
         """A new Optuna trial with the ``static`` values fixed, as ``enqueue_trial`` then ``ask`` fix
@@ -322,6 +300,25 @@ class LaneBroker:
                     attrs = t.user_attrs
                     self._asked[(attrs[TRIAL_ATTR], attrs["after_chunk"], attrs["lane"])] = t.number
         return self._asked.get((trial, chunk, lane))
+
+
+def _judge(pruner: Any, ostudy: Any, t: Any, step: int, rung: int, batch: dict[int, float], trials: list[Any],
+           rung_attrs: dict[int, dict[str, Any]]) -> tuple[bool, dict[str, Any]]:
+    """Optuna's successive-halving ``pruner`` on the lane trial ``t`` at ``rung`` alone (its
+    value shown as reported at the rung's own ``step``: the pruner judges every rung up to the
+    step it is shown), with the other lanes that reached that rung after the same chunk
+    (``batch``) counted as having reached it. Returns (stopped there, the rung value the pruner
+    wrote). Nothing is written: the broker writes each lane's verdict before its rung values and
+    its tell (judged again after a kill, the trial's own rung value would count it a rung further
+    and promote it). ``trials``: the study's, read once per batch; ``rung_attrs``: the rung values
+    the batch's lanes hold so far (by Optuna number); the pruner reads nothing else."""
+    import copy
+
+    frozen = copy.copy(t._get_latest_trial())
+    frozen.intermediate_values = {step: frozen.intermediate_values[frozen.last_step]}
+    frozen.system_attrs = {**frozen.system_attrs, **rung_attrs.get(t.number, {})}
+    view = _WithBatch(ostudy, trials, rung_attrs, t.number, rung, batch)
+    return bool(pruner.prune(view, frozen)), view.written
 
 
 class _Held:
