@@ -50,15 +50,15 @@ import numpy as np
 ENVS: dict[str, dict[str, Any]] = {
     "cartpole": dict(study="cartpole_ppo", reference=22.0,
                      full=dict(trials=6, configs=4, seeds=2, timesteps=100_000),
-                     tiny=dict(trials=2, configs=2, seeds=1, timesteps=10_240)),
+                     tiny=dict(trials=1, configs=2, seeds=1, timesteps=10_240)),
     "dungeon": dict(study="dungeon_ppo", reference=-0.86,
                     full=dict(trials=6, configs=4, seeds=2, timesteps=160_000),
-                    tiny=dict(trials=2, configs=2, seeds=1, timesteps=40_960)),
+                    tiny=dict(trials=1, configs=2, seeds=1, timesteps=40_960)),
     "acrobot": dict(env="gymnax:Acrobot-v1", reference=-500.0, objective="final",
                     config=dict(num_envs=16, num_steps=128, num_minibatches=4, update_epochs=4,
                                 updates_per_chunk=5),
                     full=dict(trials=6, configs=4, seeds=2, timesteps=100_000),
-                    tiny=dict(trials=2, configs=2, seeds=1, timesteps=20_480)),
+                    tiny=dict(trials=1, configs=2, seeds=1, timesteps=20_480)),
 }
 METHODS = {"tpe": "none", "trial": "asha", "lane": "lanes"}
 HELD_OUT_TRIAL = 10_000  # the held-out seeds: this trial number of the final phase's stream, which no study runs

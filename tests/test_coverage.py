@@ -28,8 +28,9 @@ pytest.importorskip("jumanji")
 # runs them (XLA's fastest compile: compiling is all a tiny trial costs); every row must train.
 # Also trained in this suite, to published or stated returns: gymnax's classic control (Acrobot,
 # MountainCarContinuous: tests/test_learning.py), Jumanji's multi-discrete kinds (a joint mask made
-# one Discrete: Minesweeper, Tetris; a mask row per agent: Connector; below) and two Brax robots
-# (inverted_pendulum: tests/test_locomotion.py; ant: the ant_ppo smoke study in tests/test_study.py).
+# one Discrete: Minesweeper, Tetris; a mask row per agent: Connector; below); Brax's robots train
+# through the kernel in bench/brax_ppo.py's tiny run (inverted_pendulum; to a threshold, and Ant's
+# smoke study, in -m extended: tests/test_locomotion.py, tests/test_study.py).
 # bsuite's (Catch) is the one bench/env_coverage.py's tiny run trains (tests/test_bench.py), in the
 # same way, so it is not compiled twice.
 SUBSET = {

@@ -89,15 +89,15 @@ def test_ppo__acrobot_from_gymnax_reaches_minus_100_on_every_seed_within_500k_st
     assert (returns >= -100).all(), returns
 
 
-# in -m extended (32 s in the suite): continuous PPO's learning is proven by the Brax pendulum
-# (tests/test_locomotion.py: observation normalisation, tanh squashing), a gymnax env's by Acrobot
-# above, and every gymnax env's path through the kernel by tests/test_coverage.py
-@pytest.mark.extended
+# Continuous PPO as locomotion studies run it (observation normalisation in the kernel, tanh-squashed
+# actions) learning to a published figure: 33 s on one pinned core (95.7 to 96.5 on the 4 seeds).
+# Brax's inverted pendulum proves the same at three times the cost (a Brax kernel compiles for a
+# minute): it runs in -m extended (tests/test_locomotion.py).
 def test_ppo__mountain_car_continuous_from_gymnax_reaches_80_on_every_seed_within_500k_steps():
     pytest.importorskip("gymnax")
     env, params = envs.make("gymnax:MountainCarContinuous-v0")  # published, tuned: about 92
     # no entropy bonus and a long horizon: the goal's +100 must outweigh the action cost it takes
-    config = _gymnax_config(200_000, normalize_observations=True)
+    config = _gymnax_config(200_000, normalize_observations=True, squash="tanh")
     hp = ppo.PPOHParams.default(lr=3e-4, gamma=0.999, ent_coef=0.0)
     returns, _ = _train_and_evaluate(ppo.make(config, env, params), hp, config.num_chunks)
     assert (returns >= 80).all(), returns

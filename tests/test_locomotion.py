@@ -1,6 +1,6 @@
 """What locomotion PPO needs, as static config: observation normalisation inside the kernel (against
-numpy, in acting, in saved policies), tanh-squashed actions, reward scaling; and Brax's inverted
-pendulum learned to a threshold on every seed of one kernel."""
+numpy, in acting, in saved policies), tanh-squashed actions, reward scaling; and (in -m extended)
+Brax's inverted pendulum learned to a threshold on every seed of one kernel."""
 
 from __future__ import annotations
 
@@ -86,7 +86,12 @@ def test_reward_scale__changes_learning_not_reported_returns():
     assert float(out[10.0].value_loss[0]) > 20 * float(out[1.0].value_loss[0])
 
 
+# in -m extended (93 s in the suite, 60 of them compiling Brax's pipeline): continuous PPO with
+# normalisation and tanh squashing learns MountainCarContinuous in tests/test_learning.py (33 s); a
+# Brax env trains through the kernel in bench/brax_ppo.py's tiny run (tests/test_bench.py) and its
+# dynamics agree with Brax's own step (tests/test_brax.py)
 @pytest.mark.slow
+@pytest.mark.extended
 def test_brax_inverted_pendulum__every_seed_of_one_kernel_balances():
     pytest.importorskip("brax")
     env, params = envs.make("brax:inverted_pendulum:positional")
