@@ -26,11 +26,12 @@ pytest.importorskip("jumanji")
 
 # One env of each gymnax family and Jumanji's single-discrete kind, run as bench/env_coverage.py
 # runs them (XLA's fastest compile: compiling is all a tiny trial costs); every row must train.
-# Also trained in this suite, to published or stated returns: gymnax's classic control (Acrobot,
-# MountainCarContinuous: tests/test_learning.py), Jumanji's multi-discrete kinds (a joint mask made
-# one Discrete: Minesweeper, Tetris; a mask row per agent: Connector; below); Brax's robots train
-# through the kernel in bench/brax_ppo.py's tiny run (inverted_pendulum; to a threshold, and Ant's
-# smoke study, in -m extended: tests/test_locomotion.py, tests/test_study.py).
+# Also trained in this suite, to published or stated returns: gymnax's classic control
+# (MountainCarContinuous; Acrobot in -m extended: tests/test_learning.py), Jumanji's multi-discrete
+# kinds (a joint mask made one Discrete: Minesweeper, Tetris; a mask row per agent: Connector;
+# below); Brax's robots train through the kernel in bench/brax_ppo.py's tiny run
+# (inverted_pendulum; to a threshold, and Ant's smoke study, in -m extended: tests/test_locomotion.py,
+# tests/test_study.py).
 # bsuite's (Catch) is the one bench/env_coverage.py's tiny run trains (tests/test_bench.py), in the
 # same way, so it is not compiled twice.
 SUBSET = {
