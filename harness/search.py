@@ -107,6 +107,12 @@ def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str 
                                direction=direction, load_if_exists=True, pruner=pruner)
 
 
+def storage_error(url: str, err: BaseException) -> StudyError:
+    """The one line for an Optuna storage that cannot be opened (sqlalchemy and Optuna raise many
+    kinds for a bad URL): the URL and the error's first line."""
+    return StudyError(f"cannot open Optuna storage {url!r}: {str(err).splitlines()[0]}")
+
+
 def free_study_name(name: str, url: str) -> str:
     """``name``, or where the storage at ``url`` holds a study of that name already, the first
     free ``name-2``, ``name-3``, ...
@@ -117,7 +123,7 @@ def free_study_name(name: str, url: str) -> str:
     try:
         taken = set(optuna.get_all_study_names(storage(url)))
     except Exception as err:  # sqlalchemy/optuna raise many kinds for a bad URL
-        raise StudyError(f"cannot open Optuna storage {url!r}: {str(err).splitlines()[0]}") from None
+        raise storage_error(url, err) from None
     out, n = name, 1
     while out in taken:
         n += 1

@@ -47,7 +47,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         StudyError: the Optuna storage cannot be opened, or the results disk refused a write.
     """
     from harness import tuning
-    from harness.search import BatchedOptunaSearcher, open_study, reconcile
+    from harness.search import BatchedOptunaSearcher, open_study, reconcile, storage_error
 
     budget = settings.budget(placement.kind)
     records = folder.trials()
@@ -56,7 +56,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     except Exception as err:  # sqlalchemy/optuna raise many kinds for a bad URL
         if guard.note(err):
             raise guard.error() from None
-        raise StudyError(f"cannot open Optuna storage {settings.storage!r}: {str(err).splitlines()[0]}") from None
+        raise storage_error(settings.storage, err) from None
     trials = settings.tune_trials(budget)
     adopt = adoptable(folder, ostudy, records)[:max(0, trials - len(records))]
     stale = reconcile(ostudy, records, keep=going_on(ostudy, adopt))
