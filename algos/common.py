@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -26,6 +27,31 @@ def require_layers(config: Any) -> None:
     hidden = config.hidden
     if not isinstance(hidden, tuple | list) or not all(isinstance(w, int) and w >= 1 for w in hidden):
         raise ValueError(f"{type(config).__name__}.hidden must be layer widths >= 1, got {hidden!r}")
+
+
+class Range(NamedTuple):
+    """Where a traced hyperparameter makes sense: from ``low`` to ``high``, each end included unless
+    marked open (``Range(0, math.inf, low_open=True)``: above 0)."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below and math.isfinite(value)
+
+    def __str__(self) -> str:
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+POSITIVE = Range(0.0, math.inf, low_open=True, high_open=True)
+NON_NEGATIVE = Range(0.0, math.inf, high_open=True)
+FRACTION = Range(0.0, 1.0)  # a discount or a GAE lambda
 
 
 def float32_hparams(cls: type, defaults: dict[str, float], overrides: dict[str, float]) -> Any:

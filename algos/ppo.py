@@ -10,7 +10,7 @@ over configurations and seeds.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import distrax
 import flax.linen as nn
@@ -20,10 +20,14 @@ import optax
 from flax import struct
 
 from algos.common import (
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
     Algo,
     EpisodeTracker,
     EvalMetrics,
     Finished,
+    Range,
     adam,
     evaluate_policy,
     finished_means,
@@ -128,6 +132,10 @@ class PPOHParams:
     vf_coef: jax.Array
     max_grad_norm: jax.Array
     reward_scale: jax.Array  # rewards are multiplied by it for learning (returns are reported unscaled)
+
+    RANGES: ClassVar[dict[str, Range]] = dict(
+        lr=POSITIVE, gamma=FRACTION, gae_lambda=FRACTION, clip_eps=POSITIVE, ent_coef=NON_NEGATIVE,
+        vf_coef=NON_NEGATIVE, max_grad_norm=POSITIVE, reward_scale=POSITIVE)
 
     @classmethod
     def default(cls, **overrides: float) -> PPOHParams:

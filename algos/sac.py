@@ -10,7 +10,8 @@ the environment's bounds.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+import math
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +20,13 @@ from flax import struct
 
 from algos.buffer import ReplayBuffer
 from algos.common import (
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
     Algo,
     EpisodeTracker,
     EvalMetrics,
+    Range,
     adam,
     evaluate_policy,
     finished_means,
@@ -91,6 +96,12 @@ class SACHParams:
     tau: jax.Array
     target_entropy_scale: jax.Array  # target entropy = -scale * action_dim
     init_alpha: jax.Array
+
+    # alpha_lr=0 keeps the temperature at init_alpha; a negative entropy scale targets a positive entropy
+    RANGES: ClassVar[dict[str, Range]] = dict(
+        actor_lr=POSITIVE, critic_lr=POSITIVE, alpha_lr=NON_NEGATIVE, gamma=FRACTION,
+        tau=Range(0.0, 1.0, low_open=True), target_entropy_scale=Range(-math.inf, math.inf, True, True),
+        init_alpha=POSITIVE)
 
     @classmethod
     def default(cls, **overrides: float) -> SACHParams:

@@ -282,6 +282,15 @@ def validate_pbt(study: Study, config_fields: set[str], *, configs_per_trial: in
                          "lower the interval or raise --timesteps")
 
 
+def out_of_range(hparams_cls: type, name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the hyperparameter ``name`` of ``hparams_cls`` (None when it can), from
+    the ranges the algorithm declares (``PPOHParams.RANGES``: a discount in [0, 1], a rate above 0)."""
+    where = getattr(hparams_cls, "RANGES", {}).get(name)
+    if where is None or value in where:
+        return None
+    return f"{name}={label(value)} is outside {where}"
+
+
 def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: int) -> None:
     """Checks that every point of the study's space builds a valid static config.
 
@@ -335,6 +344,13 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         if name in hp_fields and isinstance(dist, Categorical) and not all(
                 isinstance(c, int | float) and math.isfinite(c) for c in dist.choices):
             raise StudyError(f"study {study.name}: hyperparameter {name} must have numeric choices")
+    checked = [(f"space[{name!r}]", name, v) for name, dist in study.space.items() for v in (
+        dist.choices if isinstance(dist, Categorical) else (dist.low, dist.high))]
+    checked += [(f"{field}[{name!r}]", name, v) for field in ("hparams", "baseline")
+                for name, v in getattr(study, field).items()]
+    for where, name, value in checked:
+        if why := out_of_range(hparams_cls, name, value):
+            raise StudyError(f"study {study.name}: {where} cannot work: {why}")
     control = {n: study.baseline[n] for n in study.static_names(config_fields) if n in study.baseline}
     for point in [*static_points(study, config_fields), control]:
         try:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from harness.device import configure_xla
+from harness.space import out_of_range
 
 
 class UsageError(Exception):
@@ -47,6 +48,8 @@ def split_overrides(spec: Any, items: list[str]) -> tuple[dict, dict]:
                 config[key] = _parse_value(value, config_fields[key])
             elif key in hp_fields:
                 hparams[key] = float(value)
+                if why := out_of_range(spec.hparams_cls, key, hparams[key]):
+                    raise UsageError(f"--set {item}: {why}")
             else:
                 known = ", ".join(sorted([*config_fields, *hp_fields]))
                 raise UsageError(f"--set {item}: unknown setting {key!r} for {spec.name}; "

@@ -27,7 +27,7 @@ from harness.guard import DiskGuard
 from harness.kernel import FINAL
 from harness.records import RecordsError, write_json
 from harness.settings import Options, prepare_folder, resolve
-from harness.space import Budget, Int, StudyError, Uniform
+from harness.space import Budget, Categorical, Int, LogUniform, StudyError, Uniform
 from tests.driver import CPU, FakeTune, settings_for, small
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,6 +152,37 @@ def test_study__a_field_of_the_wrong_shape_is_refused_where_the_study_is_made(ch
     with pytest.raises(StudyError, match=expect) as err:
         dataclasses.replace(studies.get("cartpole_ppo"), **change)
     assert "\n" not in str(err.value) and str(err.value).startswith("study cartpole_ppo: ")
+
+
+@pytest.mark.parametrize("change, expect", [
+    (dict(space=dict(gamma=Uniform(0.9, 1.1))), r"space\['gamma'\] cannot work: gamma=1.1 is outside \[0, 1\]"),
+    (dict(space=dict(lr=LogUniform(1e-4, 1e-2), clip_eps=Categorical((0.1, 0.0)))),
+     r"space\['clip_eps'\] cannot work: clip_eps=0.0 is outside \(0, inf\)"),
+    (dict(hparams=dict(gae_lambda=-0.5)),
+     r"hparams\['gae_lambda'\] cannot work: gae_lambda=-0.5 is outside \[0, 1\]"),
+    (dict(baseline=dict(lr=-1e-3)), r"baseline\['lr'\] cannot work: lr=-0.001 is outside \(0, inf\)"),
+])
+def test_settings__a_hyperparameter_range_the_algorithm_cannot_use_is_refused(tmp_path, change, expect):
+    study = dataclasses.replace(studies.get("cartpole_ppo"), **change)
+    with pytest.raises(StudyError, match=expect) as err:
+        settings_for(study, tmp_path)
+    assert "\n" not in str(err.value) and str(err.value).startswith("study cartpole_ppo: ")
+
+
+def test_space__every_registered_study_searches_inside_its_algorithms_ranges():
+    """The ranges are not so tight that a registered study (or SAC's alpha_lr=0: a fixed temperature)
+    is refused."""
+    import algos
+    from harness.space import validate
+
+    for study in studies.registered().values():
+        spec = algos.get(study.algo)
+        validate(study, spec.config_cls, spec.hparams_cls, timesteps=study.cpu.timesteps)
+    sac = studies.get("pendulum_sac")
+    spec = algos.get("sac")
+    validate(dataclasses.replace(sac, hparams={**sac.hparams, "alpha_lr": 0.0}), spec.config_cls, spec.hparams_cls,
+             timesteps=sac.cpu.timesteps)
+    assert "alpha_lr" in spec.hparams_cls.RANGES and "gamma" in algos.get("ppo").hparams_cls.RANGES
 
 
 def test_settings__each_results_folder_has_its_own_optuna_study_in_a_shared_storage(tmp_path):

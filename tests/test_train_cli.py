@@ -24,6 +24,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     (["--set", "lr=abc"], "--set lr=abc"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--set", "num_envs=0"], "PPOConfig.num_envs must be >= 1, got 0"),
+    (["--set", "gamma=1.5"], "--set gamma=1.5: gamma=1.5 is outside [0, 1]"),
+    (["--algo", "sac", "--env", "Pendulum-v1", "--set", "tau=0"], "--set tau=0: tau=0.0 is outside (0, 1]"),
 ])
 def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect, capsys, monkeypatch):
     # in this process (main() is what `python -m harness.train` runs; the tiny run below goes through
