@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness.records import RecordsError, read_json, write_json
+from harness.space import Budget
 
 KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint inside a Tune trial's checkpoint folder
 _TRIAL_FIELDS = {"trial": int, "status": str, "seeds": int, "configs": list}
@@ -79,7 +80,7 @@ class StudyMeta:
                  and (not isinstance(data[k], t) or isinstance(data[k], bool) and t is not bool)]
         budget = data.get("budget")
         if "budget" not in wrong and budget and not all(  # a resumed study reads every one of them
-                isinstance(budget.get(k), int) for k in ("trials", "configs_per_trial", "seeds", "timesteps")):
+                type(budget.get(f.name)) is int for f in dataclasses.fields(Budget)):
             wrong.append("budget")
         if wrong:
             raise RecordsError(f"{where} is not a study's study.json (no valid {', '.join(wrong)})")

@@ -219,6 +219,10 @@ def test_report__a_study_json_with_fields_of_the_wrong_type_is_one_line(tmp_path
     write_json(where, {"study": "s", "budget": {"trials": 2}})  # a resumed study reads all four
     assert report.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"error: {where} is not a study's study.json (no valid budget)"
+    write_json(where, {"study": "s", "budget": {"trials": 2, "configs_per_trial": 2, "seeds": True,
+                                                 "timesteps": 64}})  # true is not a seed count
+    assert report.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {where} is not a study's study.json (no valid budget)"
 
 
 def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_nothing_else(tmp_path, monkeypatch):
