@@ -2,6 +2,7 @@
 the fixtures of the tests that start Ray (each with a private RAY_TMPDIR, its processes stopped)."""
 
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -32,6 +33,23 @@ _flag = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 use_offscreen_gl()  # MuJoCo (imported by Brax) renders headless, as in harness.play
+
+
+def pytest_configure(config):
+    """Ray's token for local clusters (~/.ray/auth_token), made once by the controller before the
+    xdist workers start: Ray writes it on a machine's first `ray.init` with a plain open("w"), so two
+    workers starting their first Rays at once could each write their own, and a cluster started
+    with one token would meet processes reading the other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError:  # there already (the usual case), or a HOME we cannot write: Ray's own doing then
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
 
 
 @pytest.fixture(scope="session")
@@ -115,7 +133,7 @@ def ray_env(cache_home):
     env = fast_compile_env({**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": path,
                             "RL_HARNESS_DASHBOARD": "0"})
     yield env
-    deadline = time.monotonic() + 20  # Ray's processes may take a moment to exit on a loaded machine
+    deadline = time.monotonic() + 60  # Ray's processes may take a while to exit on a loaded machine
     while (leftover := _ray_processes(tmp)) and time.monotonic() < deadline:
         time.sleep(0.5)
     if leftover:

@@ -611,7 +611,7 @@ def test_cluster__sigterm_whose_graceful_stop_hangs_exits_after_its_grace_with_t
             "    signal.signal(signal.SIGINT, lambda *a: None)  # a stop that never finishes\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    time.sleep(60)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=Path(__file__).parents[1])
     assert r.returncode == 130, r.stderr
     assert r.stderr.strip() == "interrupted; finished trials are saved. Resume with: python -m harness.study x"

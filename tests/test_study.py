@@ -83,11 +83,11 @@ def test_study_cli__results_folder_of_another_study(tmp_path):
 
 
 def test_study_cli__unreachable_address(tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
+    with socket.socket() as s:  # a port held (bound, never listening) for the whole call: nobody listens on it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    _one_error_line(_study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--address", f"127.0.0.1:{port}"),
-                    f"cannot reach a Ray cluster at 127.0.0.1:{port}")
+        _one_error_line(_study("cartpole_ppo", "--smoke", "--out", str(tmp_path), "--address",
+                               f"127.0.0.1:{port}"), f"cannot reach a Ray cluster at 127.0.0.1:{port}")
 
 
 def test_study_cli__bad_budget_value(tmp_path):
@@ -546,14 +546,15 @@ def test_study__lanes_through_ray_refill_judge_and_resume_bit_for_bit_after_a_ki
     assert rec["broker_seconds"] > 0 and rec["lanes_seconds"] > 0 and rec["kernel_seconds"] > 0
     assert re.search(r"\(its lanes refilled: \d+ trained to the end, \d+ stopped early; [\d.]+ s in its kernel, "
                      r"[\d.]+ s waiting for the broker, [\d.]+ s judging and refilling\)", r.stdout), r.stdout
-    # bit for bit: the trial trained again from its record, in a process on one core as its worker was
+    # bit for bit: the trial trained again from its record, in a process on the cores its worker had
+    # (XLA's rounding depends on its thread count): the study's one trial took every core this test may
+    # use (one under -n 2, each xdist worker pinned to its own; all of them under -n 0)
     code = ("import json, sys; from harness.kernel import TrialPlan; from harness.lanes import replay\n"
             "rec = json.load(open(sys.argv[1]))\n"
             "print(json.dumps(replay(TrialPlan(**rec['plan']), rec['configs'])))")
-    core = min(os.sched_getaffinity(0))
     (path,) = (root / "trials").glob("*.json")
     again = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT,
-                           env=ray_env, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+                           env=ray_env)
     assert again.returncode == 0, again.stderr[-3000:]
     for c, x in zip(configs, json.loads(again.stdout.splitlines()[-1]), strict=True):
         assert x == {k: c[k] for k in x}, c["optuna_number"]
@@ -709,13 +710,15 @@ def test_study__trials_are_named_actors_and_export_tagged_metrics(tmp_path, ray_
                 continue
             named = [a for a in actors if a.get("class_name") == "cartpole_ppo_trial" and a["state"] == "ALIVE"]
             if named:
-                found_actors = named
                 sockets = listening([proc.pid, *_ray_processes(env["RAY_TMPDIR"])])
                 try:
                     urllib.request.urlopen(f"{dashboard}/api/v0/actors?limit=1", timeout=10)
                     no_token = 200
                 except urllib.error.HTTPError as err:
                     no_token = err.code
+                except OSError:  # a slow dashboard: asked again on the next round
+                    continue
+                found_actors = named
             rows = [ln for ln in text.splitlines() if ln.startswith("ray_rl_harness_return{")]
             if rows:
                 found_metrics = rows
