@@ -38,7 +38,12 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--timesteps", type=int, default=2048)
     args = p.parse_args()
-    out = tempfile.mkdtemp(prefix="study-load-")
+    with tempfile.TemporaryDirectory(prefix="study-load-") as out:
+        run(args, out)
+
+
+def run(args: argparse.Namespace, out: str) -> None:
+    """The study in the folder ``out``, timed; prints its rates, overheads and driver memory."""
     cmd = [sys.executable, "-m", "harness.study", "cartpole_ppo", "--trials", str(args.trials),
            "--configs-per-trial", "1", "--seeds", "1", "--timesteps", str(args.timesteps), "--no-asha",
            "--sampler", "random", "--top-k", "0", "--no-ablation", "--out", out]  # the search alone

@@ -7,7 +7,6 @@ A benchmark that stops working fails here instead of rotting unnoticed.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,14 +51,12 @@ def test_bench__every_script_is_covered():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(TINY))
-def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script, cache_home, tmp_path):
+def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script, ray_env, tmp_path):
     args, expect = TINY[script]
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    from tests.conftest import fast_compile_env
-
-    env = fast_compile_env({**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-                            "XDG_CACHE_HOME": cache_home,  # the run's compile cache, not the user's
-                            "RL_HARNESS_DASHBOARD": "0"})  # Ray without its dashboard (tests/conftest.py)
+    # ray_env: the run's compile cache, a private Ray temp folder whose processes must all have
+    # stopped afterwards, no dashboard, XLA's lowest optimisation level (tests/conftest.py)
+    env = {**ray_env, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)  # as a user runs it: the package comes from the installed project
     r = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
