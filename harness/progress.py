@@ -81,6 +81,11 @@ class Progress:
     def result(self, tune_trial_id: str, env_steps: int, running: int) -> None:
         """A running trial reported ``env_steps`` (all its runs together); every 15 s a line."""
         self.running[tune_trial_id] = env_steps
+        self.tick(running)
+
+    def tick(self, running: int) -> None:
+        """Every 15 s a line, also while no trial has reported yet (Ray's workers starting, the
+        kernels compiling: on a GPU a minute or more with nothing else to say)."""
         now = time.monotonic()
         if now - self.last_print < THROUGHPUT_EVERY:
             return
@@ -88,8 +93,11 @@ class Progress:
         rate = (steps - self.last_steps) / (now - self.last_print)
         self.last_print, self.last_steps = now, steps
         best = f", best {self.best[0]:.1f} ({self.best[1]})" if self.best else ""
-        self.say(f"  {self.done}/{self.total} trials done, {running} running{best}; "
-                 f"{steps:,} env steps, {rate:,.0f} steps/s")
+        head = f"  {self.done}/{self.total} trials done, {running} running{best}; "
+        if steps == 0:
+            self.say(head + "waiting for their first chunk (each worker compiles its kernel first)")
+        else:
+            self.say(head + f"{steps:,} env steps, {rate:,.0f} steps/s")
 
     def retrying(self, trial: int, error: str) -> None:
         self.say(f"  trial {trial} failed ({error}); retrying from its last checkpoint")

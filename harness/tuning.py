@@ -268,6 +268,9 @@ class ProgressCallback(tune.Callback):
         steps = int(result.get("env_steps", 0)) * plan["seeds"] * len(plan["hparams"])
         self.progress.result(trial.trial_id, steps, running=sum(t.status == "RUNNING" for t in trials))
 
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self.progress.tick(running=sum(t.status == "RUNNING" for t in trials))
+
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.progress.retrying(trial.config["plan"]["trial"], trial_error(trial))
 

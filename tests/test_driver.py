@@ -701,3 +701,23 @@ def test_tuning__tunes_closing_list_of_incomplete_trials_is_not_printed():
         log.removeHandler(handler)
         log.removeFilter(tuning._not_incomplete_trials)
     assert seen == ["Experiment state could not be saved"]
+
+
+def test_progress__says_every_15_s_what_runs_also_before_the_first_chunk(monkeypatch):
+    from harness import progress
+
+    now, lines = [100.0], []
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    p = progress.Progress(4, metric="mean", maximize=True, say=lines.append)
+    now[0] += 10
+    p.tick(running=2)
+    assert lines == []  # not yet 15 s
+    now[0] += 6
+    p.tick(running=2)  # workers starting, kernels compiling: no chunk reported yet
+    assert lines == ["  0/4 trials done, 2 running; waiting for their first chunk (each worker compiles its "
+                     "kernel first)"]
+    now[0] += 5
+    p.result("a", 3000, running=2)  # within 15 s of the last line: silent
+    now[0] += 10
+    p.result("b", 1000, running=2)
+    assert lines[1:] == ["  0/4 trials done, 2 running; 4,000 env steps, 267 steps/s"]
