@@ -64,3 +64,44 @@ class Probe(Environment[ProbeState, ProbeParams]):
         else:
             reward = 1.0 - (jnp.reshape(action, ()) - state.obs[0] / 2) ** 2
         return Transition(state.obs, ProbeState(state.obs, time), reward, jnp.bool_(True), {})
+
+
+@struct.dataclass
+class PointState:
+    obs: jax.Array  # [H, W, 2]
+    target: jax.Array  # [] int32: the marked cell, row-major
+    time: jax.Array  # [] int32
+
+
+@dataclasses.dataclass(frozen=True)
+class PointAtTheCell(Environment[PointState, ProbeParams]):
+    """A grid probe for policies over cells: one cell of a ``size x size`` grid is marked (features
+    one-hot: empty, marked), at random; one step; reward 1 for the action that names the marked cell
+    (row-major index), 0 otherwise. Random play earns ``1 / size**2``; the right answer needs the
+    cell's position, which a policy that sees its cells as an unordered set cannot know."""
+
+    size: int = 3
+    name: str = "PointAtTheCell"
+
+    @property
+    def default_params(self) -> ProbeParams:
+        return ProbeParams()
+
+    def observation_space(self, params: ProbeParams) -> Box:
+        return Box(0.0, 1.0, (self.size, self.size, 2))
+
+    def action_space(self, params: ProbeParams) -> Discrete:
+        return Discrete(self.size * self.size)
+
+    def grid(self, target: jax.Array) -> jax.Array:
+        marked = jax.nn.one_hot(target, self.size * self.size).reshape(self.size, self.size)
+        return jnp.stack([1.0 - marked, marked], axis=-1)
+
+    def reset(self, key: jax.Array, params: ProbeParams) -> tuple[jax.Array, PointState]:
+        target = jax.random.randint(key, (), 0, self.size * self.size)
+        obs = self.grid(target)
+        return obs, PointState(obs, target, jnp.int32(0))
+
+    def transition(self, key, state, action, params) -> Transition:
+        reward = (jnp.reshape(action, ()) == state.target).astype(jnp.float32)
+        return Transition(state.obs, state.replace(time=state.time + 1), reward, jnp.bool_(True), {})
