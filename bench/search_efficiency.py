@@ -50,7 +50,7 @@ import numpy as np
 ENVS: dict[str, dict[str, Any]] = {
     "cartpole": dict(study="cartpole_ppo", reference=22.0,
                      full=dict(trials=6, configs=4, seeds=2, timesteps=100_000),
-                     tiny=dict(trials=1, configs=2, seeds=1, timesteps=10_240)),
+                     tiny=dict(trials=1, configs=2, seeds=2, timesteps=10_240)),
     "dungeon": dict(study="dungeon_ppo", reference=-0.86,
                     full=dict(trials=6, configs=4, seeds=2, timesteps=160_000),
                     tiny=dict(trials=1, configs=2, seeds=1, timesteps=40_960)),
