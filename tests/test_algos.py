@@ -301,7 +301,8 @@ def test_transformer__learns_to_point_at_the_marked_cell_which_needs_each_cells_
     algo, net = ppo.make(config, env, p), ppo.network(config, env, p)
     hp = ppo.PPOHParams.default(lr=1e-3)
     init, chunk = jax.jit(algo.init), jax.jit(algo.chunk)
-    grids, cells = jax.vmap(env.grid)(jnp.arange(9)), jnp.arange(9)
+    cells = jnp.arange(env.size**2)
+    grids = jax.vmap(env.grid)(cells)
     right = []
     for seed in (0, 1):  # 38k steps each: 8 and 7 of 9 cells right (seeds 0-3: 8, 7, 9, 9); random play 1
         state, _ = chunk(init(jax.random.key(seed), hp), hp)

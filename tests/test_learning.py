@@ -16,12 +16,9 @@ pytestmark = pytest.mark.slow
 SEEDS = 4
 
 
-def _train_and_evaluate(algo, hparams, num_chunks, seed=0, seeds=SEEDS, evaluator=None, evaluate=True):
-    """1 config x ``seeds`` seeds in one kernel; returns the evaluation return per seed and metrics.
-
-    ``evaluator``: another Algo (same network) whose ``evaluate`` scores the trained state;
-    ``evaluate=False``: no evaluation (its own compile and episodes), None in its place.
-    """
+def _train(algo, hparams, num_chunks, seed=0, seeds=SEEDS):
+    """1 config x ``seeds`` seeds in one kernel; returns the trained state and the metrics
+    ``[1, seeds, updates]``."""
     hp = jax.tree.map(lambda x: x[None], hparams)
     keys = jax.random.split(jax.random.key(seed), seeds)[None]
     state = jax.jit(batched(algo.init))(keys, hp)
@@ -30,9 +27,15 @@ def _train_and_evaluate(algo, hparams, num_chunks, seed=0, seeds=SEEDS, evaluato
     for _ in range(num_chunks):
         state, metrics = run(state, hp)
         chunks.append(metrics)
-    metrics = jax.tree.map(lambda *x: np.concatenate(x, axis=-1), *chunks)  # [1, seeds, updates]
-    if not evaluate:
-        return None, metrics
+    return state, jax.tree.map(lambda *x: np.concatenate(x, axis=-1), *chunks)
+
+
+def _train_and_evaluate(algo, hparams, num_chunks, seed=0, seeds=SEEDS, evaluator=None):
+    """:func:`_train`, then the evaluation return per seed; returns it and the metrics.
+
+    ``evaluator``: another Algo (same network) whose ``evaluate`` scores the trained state.
+    """
+    state, metrics = _train(algo, hparams, num_chunks, seed, seeds)
     eval_keys = jax.random.split(jax.random.key(10_000 + seed), seeds)[None]
     evaluate = (evaluator or algo).evaluate
     evals = jax.jit(batched(evaluate, hparams_argnum=None))(state, eval_keys)
@@ -185,8 +188,8 @@ def test_ppo__masked_beats_unmasked_on_dungeon_crawl_and_never_acts_illegally():
                                updates_per_chunk=40, use_action_mask=masked)
         # 2 seeds, 82k steps: -0.68 vs -1.15 (seeds -0.73, -0.64 vs -1.16, -1.15), 61 s on one pinned
         # core (150k steps: -0.76 vs -1.14, 78 s in the suite; after 300k, -0.49 vs -1.15)
-        _, m = _train_and_evaluate(ppo.make(config, env, params), ppo.PPOHParams.default(lr=1e-3),
-                                   config.num_chunks, seeds=2, evaluate=False)  # judged by training returns
+        _, m = _train(ppo.make(config, env, params), ppo.PPOHParams.default(lr=1e-3),  # judged by
+                      config.num_chunks, seeds=2)  # its training returns: no evaluation compiled or run
         curves[masked] = np.nanmean(m.episode_return[0], axis=0)  # [updates], mean over seeds
         if masked:
             assert float(np.max(m.illegal_actions)) == 0.0
