@@ -8,6 +8,8 @@ functions are cached per process, so a reused worker compiles a static config on
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -281,6 +283,10 @@ class TrialRunner:
         self.hparams = [dict(h) for h in self.plan.hparams]
         t0 = time.perf_counter()
         try:
+            keys, hp = self.train_keys[:batch], _stack_hparams(self.plan.algo, self.plan.hparams[:1] * batch)
+            _compile_once_per_node(self._init, keys, hp)  # every sub-batch has this shape
+            _compile_once_per_node(self._chunk, jax.eval_shape(self._init, keys, hp), hp,
+                                   self.eval_keys[:batch], np.zeros(batch, np.int32))
             for idx in config_groups(self.configs, batch):
                 padded = np.array(idx + [idx[0]] * (batch - len(idx)))
                 hp = _stack_hparams(self.plan.algo, [self.plan.hparams[i] for i in padded])
@@ -640,22 +646,51 @@ def runner_for(plan: TrialPlan, *, config_batch: int | None = None) -> TrialRunn
 
 
 def _compile_soon(jitted: Any, *args: Any) -> threading.Thread:
-    """Compiles ``jitted`` for the shapes of ``args`` on a thread of its own (XLA's compiler
-    releases the GIL), so a trial's final evaluation compiles while its chunks run; the call at
-    the end finds it in JAX's cache. A compile that fails here is only lost time: the call raises."""
-    import jax
-
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)  # the state is donated
-
-    def compile_() -> None:
-        try:
-            jitted.lower(*shapes).compile()
-        except Exception:
-            pass
-
-    thread = threading.Thread(target=compile_, name="compile-evaluate", daemon=True)
+    """Compiles ``jitted`` for the shapes of ``args`` (:func:`_compile_once_per_node`) on a thread
+    of its own (XLA's compiler releases the GIL), so a trial's final evaluation compiles while its
+    chunks run; the call at the end finds it in JAX's cache."""
+    thread = threading.Thread(target=_compile_once_per_node, args=(jitted, *args), name="compile-evaluate",
+                              daemon=True)
     thread.start()
     return thread
+
+
+LOCK_WAIT_S = 900.0  # a compile holding its program's lock longer than this is not waited for
+
+
+def _compile_once_per_node(jitted: Any, *args: Any) -> None:
+    """Compiles ``jitted`` for the shapes of ``args`` into JAX's persistent compilation cache,
+    one process of the node at a time per program: trials that start together with the same
+    kernel (every trial of a static shape) compile it once, and the others wait for it and read
+    it from the cache (two 2x2 CartPole trials of 20k steps on 2 cores: 54 s and 101 CPU-s when
+    both compiled, 33 s and 58 CPU-s with this). The lock is a file next to the cache, keyed by the
+    lowered program; a process that dies holding it releases it. Without a persistent cache this
+    does nothing, and a failure here is only lost time: the call compiles and raises as before."""
+    import fcntl
+
+    import jax
+
+    cache = jax.config.jax_compilation_cache_dir
+    if not cache or "://" in cache:
+        return
+    try:
+        lowered = jitted.lower(*jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args))
+        folder = os.path.join(os.path.dirname(os.path.abspath(cache)), "compile-locks")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, hashlib.sha256(lowered.as_text().encode()).hexdigest()[:40])
+        with open(path, "a") as lock:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
+            lowered.compile()  # the cache's copy when another process compiled it meanwhile
+    except Exception:
+        pass
 
 
 def _check_objective(plan: TrialPlan) -> None:

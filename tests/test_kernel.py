@@ -104,3 +104,48 @@ def test_runner__other_errors_are_not_taken_for_out_of_memory(monkeypatch):
     monkeypatch.setattr(kernel, "_compiled", compiled)
     with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
         run_trial(PLAN)
+
+
+def test_compile_once_per_node__of_two_starting_together_one_compiles_and_the_other_reads_the_cache():
+    """Trials that start together with the same kernel compile it once on a node: the others wait
+    for the program's lock and read the persistent cache (tests/conftest.py sets one up)."""
+    import threading
+    import uuid
+
+    import jax.numpy as jnp
+
+    salt = float(uuid.uuid4().int % 10_000)  # a program no other test (or earlier run) compiled
+
+    def trial_kernel():  # a new function each time, as in another process: JAX's in-memory caches miss
+        def slow_to_compile(x):
+            return jax.lax.scan(lambda y, _: (jnp.tanh(y @ y.T + salt) @ y, None), x, None, length=64,
+                                unroll=64)[0]
+        return jax.jit(slow_to_compile)
+
+    events: list[str] = []
+
+    def listen(name: str, **_) -> None:
+        events.append(name)
+
+    jax.monitoring.register_event_listener(listen)
+    start = threading.Barrier(2)
+
+    def compile_() -> None:
+        jitted = trial_kernel()
+        start.wait()
+        kernel._compile_once_per_node(jitted, np.ones((32, 32), np.float32))
+
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    try:
+        threads = [threading.Thread(target=compile_) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
+        jax.monitoring.unregister_event_listener(listen)
+    assert not any(t.is_alive() for t in threads)
+    assert events.count("/jax/compilation_cache/cache_misses") == 1, events
+    assert events.count("/jax/compilation_cache/cache_hits") == 1, events
