@@ -12,7 +12,8 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -659,38 +660,48 @@ LOCK_WAIT_S = 900.0  # a compile holding its program's lock longer than this is 
 
 
 def _compile_once_per_node(jitted: Any, *args: Any) -> None:
-    """Compiles ``jitted`` for the shapes of ``args`` into JAX's persistent compilation cache,
-    one process of the node at a time per program: trials that start together with the same
-    kernel (every trial of a static shape) compile it once, and the others wait for it and read
-    it from the cache (two 2x2 CartPole trials of 20k steps on 2 cores: 54 s and 101 CPU-s when
-    both compiled, 33 s and 58 CPU-s with this). The lock is a file next to the cache, keyed by the
-    lowered program; a process that dies holding it releases it. Without a persistent cache this
-    does nothing, and a failure here is only lost time: the call compiles and raises as before."""
+    """Compiles ``jitted`` for the shapes of ``args`` (the call then finds it in JAX's caches),
+    one process of the node at a time per program where a persistent compilation cache is set:
+    trials that start together with the same kernel (every trial of a static shape) compile it
+    once, and the others wait for it and read it from the cache (two 2x2 CartPole trials of 20k
+    steps on 2 cores: 54 s and 101 CPU-s when both compiled, 33 s and 58 CPU-s with this). A
+    failure here is only lost time: the call compiles and raises as before."""
+    import jax
+
+    try:
+        lowered = jitted.lower(*jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args))
+        with _program_lock(lowered.as_text()):
+            lowered.compile()  # the cache's copy when another process compiled it meanwhile
+    except Exception:
+        pass
+
+
+@contextmanager
+def _program_lock(program: str) -> Iterator[None]:
+    """Holds the node's lock on ``program``: a file beside JAX's persistent cache named by the
+    program's hash (a process that dies holding it releases it), waited for at most LOCK_WAIT_S.
+    Without a local persistent cache there is nothing to share, so no lock."""
     import fcntl
 
     import jax
 
     cache = jax.config.jax_compilation_cache_dir
     if not cache or "://" in cache:
+        yield
         return
-    try:
-        lowered = jitted.lower(*jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args))
-        folder = os.path.join(os.path.dirname(os.path.abspath(cache)), "compile-locks")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, hashlib.sha256(lowered.as_text().encode()).hexdigest()[:40])
-        with open(path, "a") as lock:
-            deadline = time.monotonic() + LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    folder = os.path.join(os.path.dirname(os.path.abspath(cache)), "compile-locks")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, hashlib.sha256(program.encode()).hexdigest()[:40]), "a") as lock:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
                     break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.1)
-            lowered.compile()  # the cache's copy when another process compiled it meanwhile
-    except Exception:
-        pass
+                time.sleep(0.1)
+        yield
 
 
 def _check_objective(plan: TrialPlan) -> None:
