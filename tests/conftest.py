@@ -93,17 +93,45 @@ def _shared_compile_cache(cache_home):
 # pbt_search's tiny run 64 s instead of 136 s). Everything else keeps the default: the learning
 # tests' long kernels run twice as slowly at that level, and the Ant smoke study (with its final
 # phase, when measured) took 358 s, not 304: its kernels run long enough for the slower code to count.
-FAST_COMPILE = "--xla_backend_optimization_level=0"
+#
+# With it, XLA's CPU fusion emitters off: at the lowest level they are most of a kernel's compile
+# (measured on one core, a study's chunk kernel: CartPole 8.3 s -> 1.8 s, the dungeon 11.3 s ->
+# 6.2 s; its run 0.77 -> 0.71 s and 2.15 -> 3.08 s a chunk). At the default level they are not
+# (the same kernels compiled slower without them, 15 -> 22 s, and ran 2x slower): never there.
+FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 
 def fast_compile_env(env: dict[str, str]) -> dict[str, str]:
-    return {**env, "XLA_FLAGS": (env.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip()}
+    return {**env, "XLA_FLAGS": " ".join([*env.get("XLA_FLAGS", "").split(), *FAST_COMPILE])}
 
 
 def full_optimisation(env: dict[str, str]) -> dict[str, str]:
     """``env`` with XLA's default optimisation level (a study that runs many kernels: the smoke
     study's final phase and ablation path took 93 s at the lowest level, 74 s at the default)."""
-    return {**env, "XLA_FLAGS": " ".join(f for f in env.get("XLA_FLAGS", "").split() if f != FAST_COMPILE)}
+    return {**env, "XLA_FLAGS": " ".join(f for f in env.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE)}
+
+
+_EMITTERS = {"off": False}  # set per test by _fast_compile_unless_slow
+
+
+def _no_fusion_emitters_in_fast_tests() -> None:
+    """In this process, what FAST_COMPILE's second flag does for the processes tests start, for
+    the tests that compile with most optimisations off: JAX reads XLA_FLAGS once per process, so
+    it goes in as a per-compile option (part of the persistent cache's key: a test compiling with
+    the emitters never reads a kernel compiled without them)."""
+    from jax._src import compiler
+
+    plain = compiler.get_compile_options
+
+    def get_compile_options(*args, env_options_overrides=None, **kwargs):
+        if _EMITTERS["off"]:
+            env_options_overrides = {"xla_cpu_use_fusion_emitters": False, **(env_options_overrides or {})}
+        return plain(*args, env_options_overrides=env_options_overrides, **kwargs)
+
+    compiler.get_compile_options = get_compile_options
+
+
+_no_fusion_emitters_in_fast_tests()
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +146,18 @@ def _fast_compile_unless_slow(request):
 
     keep = request.node.get_closest_marker("slow") or request.node.get_closest_marker("xla_optimized")
     jax.config.update("jax_disable_most_optimizations", not keep)
+    # Without the fusion emitters, two different programs computing the same thing can round
+    # differently (a lane's scores against the same configuration trained alone: 6e-4 apart, where
+    # they agree to 1e-4 with them): tests that compare two programs keep them, as the product's
+    # kernels do. Functions this process compiled the other way are compiled again (jax's caches
+    # in memory do not know the option), before and after.
+    marked = request.node.get_closest_marker("xla_emitters")
+    _EMITTERS["off"] = not keep and not marked
+    if marked:
+        jax.clear_caches()
+    yield
+    if marked:
+        jax.clear_caches()
 
 
 @pytest.fixture

@@ -503,6 +503,7 @@ def test_broker__tells_finished_diverged_and_cut_short_configurations_and_refill
 
 # ---- one trial's lanes through the kernel and the broker, as a study's trial runs them ----------
 
+@pytest.mark.xla_emitters  # two programs compared: a lane of the lane kernel and the configuration alone
 def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_train_alone(tmp_path, capsys):
     import optuna
 

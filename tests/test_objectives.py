@@ -71,6 +71,7 @@ def test_kernel__evaluating_every_chunk_does_not_change_training():
     np.testing.assert_array_equal(plain.final_returns, evaluated.final_returns)
 
 
+@pytest.mark.xla_emitters  # two programs compared: the chunk's evaluation and a separate one
 def test_kernel__chunk_evaluation_equals_evaluating_the_state_after_that_chunk():
     runner = TrialRunner(PLAN)
     algo = runner.algo

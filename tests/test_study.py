@@ -287,7 +287,7 @@ def test_optuna_storage__one_sqlite_file_holds_under_concurrent_writers(tmp_path
 
 
 @pytest.mark.slow
-def test_study__smoke_run_writes_reports(tmp_path, ray_env):
+def test_study__smoke_run_writes_reports(tmp_path, ray_env, capsys):
     ray_env = full_optimisation(ray_env)
     r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), env=ray_env)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -342,12 +342,16 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env):
     from PIL import Image
 
     assert Image.open(gif).n_frames == int(m[3]) + 1
-    bad = subprocess.run([sys.executable, "-m", "harness.play", str(root), "--config", "t9999c0"],
-                         capture_output=True, text=True, cwd=ROOT)
-    _one_error_line(bad, "no checkpoint for configuration 't9999c0'; kept: ")
+    # in this process (the CLIs as a user runs them: the play above; harness.report's in test_report.py)
+    from harness import play
+
+    capsys.readouterr()
+    assert play.main([str(root), "--config", "t9999c0"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no checkpoint for configuration 't9999c0'; kept: "), err
     # the reports rebuild from disk without Ray, identically
     before = {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")}
-    assert subprocess.run([sys.executable, "-m", "harness.report", str(root)], cwd=ROOT).returncode == 0
+    assert report.main([str(root)]) == 0
     assert {p.name: p.read_bytes() for p in (root / "reports").glob("*.[cj]s*")} == before
 
 
