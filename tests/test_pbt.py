@@ -148,21 +148,25 @@ def test_lineage__a_configuration_inherits_the_schedule_of_the_networks_it_copie
 
 def test_train_cli__replays_a_schedule_and_rejects_a_malformed_one(tmp_path):
     import json
+    import os
     import subprocess
     import sys
 
     good = tmp_path / "s.json"
     good.write_text(json.dumps([{"chunk": 1, "hparams": {"lr": 1e-3}}]))
+    from tests.conftest import fast_compile_env
+
     args = [sys.executable, "-m", "harness.train", "--env", "CartPole-v1", "--seeds", "1", "--timesteps", "4096",
             "--set", "updates_per_chunk=2", "--set", "num_minibatches=2"]
-    r = subprocess.run([*args, "--schedule", str(good)], capture_output=True, text=True, timeout=300)
+    env = fast_compile_env(dict(os.environ))  # a tiny kernel: compiled at XLA's lowest level
+    r = subprocess.run([*args, "--schedule", str(good)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0 and "from chunk 2: lr=0.001" in r.stdout, r.stdout + r.stderr
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"chunk": 1, "hparams": {"learning_rate": 1e-3}}]))
-    r = subprocess.run([*args, "--schedule", str(bad)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([*args, "--schedule", str(bad)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 2 and "chunk 1 sets unknown hyperparameters learning_rate; known:" in r.stderr
     assert "Traceback" not in r.stderr
-    r = subprocess.run([*args, "--schedule", str(tmp_path / "none.json")], capture_output=True, text=True)
+    r = subprocess.run([*args, "--schedule", str(tmp_path / "none.json")], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "No such file or directory" in r.stderr
 
 

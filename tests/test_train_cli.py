@@ -8,10 +8,13 @@ import sys
 
 import pytest
 
+from tests.conftest import fast_compile_env
+
 
 def _run(*args: str) -> subprocess.CompletedProcess:
+    # a tiny kernel: compiled at XLA's lowest level, as the benchmarks' tiny runs (tests/conftest.py)
     return subprocess.run([sys.executable, "-m", "harness.train", *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=fast_compile_env(dict(os.environ)))
 
 
 @pytest.mark.parametrize("args, expect", [
