@@ -123,10 +123,10 @@ def _no_fusion_emitters_in_fast_tests() -> None:
 
     plain = compiler.get_compile_options
 
-    def get_compile_options(*args, env_options_overrides=None, **kwargs):
-        if _EMITTERS["off"]:
+    def get_compile_options(*args, env_options_overrides=None, backend=None, **kwargs):
+        if _EMITTERS["off"] and getattr(backend, "platform", "cpu") == "cpu":  # an XLA:CPU option
             env_options_overrides = {"xla_cpu_use_fusion_emitters": False, **(env_options_overrides or {})}
-        return plain(*args, env_options_overrides=env_options_overrides, **kwargs)
+        return plain(*args, env_options_overrides=env_options_overrides, backend=backend, **kwargs)
 
     compiler.get_compile_options = get_compile_options
 
