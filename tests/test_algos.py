@@ -174,6 +174,7 @@ def _close(a, b, **kw):
         np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), **kw)
 
 
+@pytest.mark.xla_emitters  # two programs compared: the vmapped kernel and one configuration x seed
 @pytest.mark.parametrize("algo_name", ["ppo", "sac"])
 def test_kernel__vmapped_configs_by_seeds_equals_one_at_a_time(algo_name):
     algo, default, lr = _setup(algo_name)

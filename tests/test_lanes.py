@@ -54,6 +54,7 @@ def test_refill__a_lane_started_mid_trial_trains_as_it_would_from_the_start():
                                   np.stack([r.evals[1:] for r in early.curves]))
 
 
+@pytest.mark.xla_emitters  # two programs compared: a lane of a 3-wide kernel and the configuration alone
 def test_refill__keys_are_the_configurations_not_the_trials_or_lanes():
     """Configuration 11 in lane 1 of trial 5 trains as in lane 0 of trial 9, and (within float
     tolerance: another kernel width) as one configuration alone in plain run_trial."""
