@@ -98,7 +98,8 @@ def _shared_compile_cache(cache_home):
 # (measured on one core, a study's chunk kernel: CartPole 8.3 s -> 1.8 s, the dungeon 11.3 s ->
 # 6.2 s; its run 0.77 -> 0.71 s and 2.15 -> 3.08 s a chunk). At the default level they are not
 # (the same kernels compiled slower without them, 15 -> 22 s, and ran 2x slower): never there.
-FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+NO_EMITTERS = "xla_cpu_use_fusion_emitters"  # the XLA:CPU option, as a flag here and per compile below
+FAST_COMPILE = ("--xla_backend_optimization_level=0", f"--{NO_EMITTERS}=false")
 
 
 def fast_compile_env(env: dict[str, str]) -> dict[str, str]:
@@ -125,7 +126,7 @@ def _no_fusion_emitters_in_fast_tests() -> None:
 
     def get_compile_options(*args, env_options_overrides=None, backend=None, **kwargs):
         if _EMITTERS["off"] and getattr(backend, "platform", "cpu") == "cpu":  # an XLA:CPU option
-            env_options_overrides = {"xla_cpu_use_fusion_emitters": False, **(env_options_overrides or {})}
+            env_options_overrides = {NO_EMITTERS: False, **(env_options_overrides or {})}
         return plain(*args, env_options_overrides=env_options_overrides, backend=backend, **kwargs)
 
     compiler.get_compile_options = get_compile_options

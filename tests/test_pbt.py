@@ -152,10 +152,10 @@ def test_train_cli__replays_a_schedule_and_rejects_a_malformed_one(tmp_path):
     import subprocess
     import sys
 
-    good = tmp_path / "s.json"
-    good.write_text(json.dumps([{"chunk": 1, "hparams": {"lr": 1e-3}}]))
     from tests.conftest import fast_compile_env
 
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps([{"chunk": 1, "hparams": {"lr": 1e-3}}]))
     args = [sys.executable, "-m", "harness.train", "--env", "CartPole-v1", "--seeds", "1", "--timesteps", "4096",
             "--set", "updates_per_chunk=2", "--set", "num_minibatches=2"]
     env = fast_compile_env(dict(os.environ))  # a tiny kernel: compiled at XLA's lowest level
