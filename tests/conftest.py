@@ -90,9 +90,9 @@ def _shared_compile_cache(cache_home):
 
 # The benchmarks' tiny runs compile at XLA's lowest optimisation level: their kernels are tiny, so
 # compiling is most of their time (a Brax trial: 31 s instead of 44 s, identical results; in CI,
-# pbt_search's tiny run 64 s instead of 136 s). Everything else keeps the default: the learning
-# tests' long kernels run twice as slowly at that level, and the Ant smoke study (with its final
-# phase, when measured) took 358 s, not 304: its kernels run long enough for the slower code to count.
+# pbt_search's tiny run 64 s instead of 136 s). Everything else is optimised: the learning tests'
+# long kernels run twice as slowly at that level, and the Ant smoke study (with its final phase,
+# when measured) took 358 s, not 304: its kernels run long enough for the slower code to count.
 #
 # With it, XLA's CPU fusion emitters off: at the lowest level they are most of a kernel's compile
 # (measured on one core, a study's chunk kernel: CartPole 8.3 s -> 1.8 s, the dungeon 11.3 s ->
@@ -101,38 +101,51 @@ def _shared_compile_cache(cache_home):
 NO_EMITTERS = "xla_cpu_use_fusion_emitters"  # the XLA:CPU option, as a flag here and per compile below
 FAST_COMPILE = ("--xla_backend_optimization_level=0", f"--{NO_EMITTERS}=false")
 
+# Optimised means LLVM's level 1, not XLA's default 3: the learning tests' kernels compile a third
+# faster and run as fast (measured on one core, PPO on CartPole, 4 seeds x 500k steps: compile
+# 15.2 s -> 9.5 s, run 16-20 s at either; SAC on Pendulum 15.2 -> 10.2 s, run 16 s; the same
+# returns). The learning, coverage and transformer tests: 386 -> 301 s; the smoke study 125 -> 93 s.
+OPTIMISED_LEVEL = 1
+OPTIMISED = (f"--xla_backend_optimization_level={OPTIMISED_LEVEL}",)
+
 
 def fast_compile_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "XLA_FLAGS": " ".join([*env.get("XLA_FLAGS", "").split(), *FAST_COMPILE])}
 
 
-def full_optimisation(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with XLA's default optimisation level (a study that runs many kernels: the smoke
-    study's final phase and ablation path took 93 s at the lowest level, 74 s at the default)."""
-    return {**env, "XLA_FLAGS": " ".join(f for f in env.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE)}
+def optimised(env: dict[str, str]) -> dict[str, str]:
+    """``env`` compiled :data:`OPTIMISED` (a study that runs many kernels: the smoke study's final
+    phase and ablation path took 93 s at the lowest level, 74 s at the default)."""
+    kept = [f for f in env.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE]
+    return {**env, "XLA_FLAGS": " ".join([*kept, *OPTIMISED])}
 
 
-_EMITTERS = {"off": False}  # set per test by _fast_compile_unless_slow
+_COMPILE = {"fast": False, "emitters": True}  # set per test by _fast_compile_unless_slow
 
 
-def _no_fusion_emitters_in_fast_tests() -> None:
-    """In this process, what FAST_COMPILE's second flag does for the processes tests start, for
-    the tests that compile with most optimisations off: JAX reads XLA_FLAGS once per process, so
-    it goes in as a per-compile option (part of the persistent cache's key: a test compiling with
-    the emitters never reads a kernel compiled without them)."""
+def _compile_options_per_test() -> None:
+    """In this process, what FAST_COMPILE's second flag and OPTIMISED do for the processes tests
+    start: JAX reads XLA_FLAGS once per process, so they go in as per-compile options (part of the
+    persistent cache's key: a test compiling with the emitters never reads a kernel compiled
+    without them). Fast tests: no fusion emitters (unless marked xla_emitters); optimised ones:
+    LLVM's level 1."""
     from jax._src import compiler
 
     plain = compiler.get_compile_options
 
     def get_compile_options(*args, env_options_overrides=None, backend=None, **kwargs):
-        if _EMITTERS["off"] and getattr(backend, "platform", "cpu") == "cpu":  # an XLA:CPU option
-            env_options_overrides = {NO_EMITTERS: False, **(env_options_overrides or {})}
+        if getattr(backend, "platform", "cpu") == "cpu":  # XLA:CPU options
+            if not _COMPILE["fast"]:
+                ours = {"xla_backend_optimization_level": OPTIMISED_LEVEL}
+            else:
+                ours = {} if _COMPILE["emitters"] else {NO_EMITTERS: False}
+            env_options_overrides = {**ours, **(env_options_overrides or {})}
         return plain(*args, env_options_overrides=env_options_overrides, backend=backend, **kwargs)
 
     compiler.get_compile_options = get_compile_options
 
 
-_no_fusion_emitters_in_fast_tests()
+_compile_options_per_test()
 
 
 @pytest.fixture(autouse=True)
@@ -140,7 +153,7 @@ def _fast_compile_unless_slow(request):
     """Tests in this process compile with most of XLA's optimisations off (JAX reads the option
     at every compile): their kernels are tiny, so compiling is most of their time (the kernel,
     checkpoint and PBT tests: 149 s -> 62 s). The learning tests (marked slow) run long kernels,
-    which run about twice as slowly unoptimised: they keep XLA's defaults. The flag is read at
+    which run about twice as slowly unoptimised: they compile :data:`OPTIMISED`. The flag is read at
     compile time and is not part of JAX's cache key, so a function compiled in a fast test and
     called again in a slow one keeps its unoptimised code: the learning tests build their own."""
     import jax
@@ -156,7 +169,7 @@ def _fast_compile_unless_slow(request):
     if marked:
         _settle_background_compiles()  # an earlier test's evaluation, compiling after the clear
         jax.clear_caches()
-    _EMITTERS["off"] = not keep and not marked
+    _COMPILE.update(fast=not keep, emitters=keep or marked)
     yield
     if marked:
         _settle_background_compiles()
@@ -179,7 +192,7 @@ def ray_env(cache_home):
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # keeps a site dir set
     # the studies these tests run are tiny: compiling is most of their time, as in the benchmarks' runs
     # (the killed-worker, lanes and named-actor studies: 10-20 s less each; a test whose study runs
-    # many kernels after its search uses full_optimisation(ray_env))
+    # many kernels after its search uses optimised(ray_env))
     # and without Ray's dashboard (about 3 s of CPU per study, measured: 35.0 against 31.8 s for a
     # 3-trial study): the named-actors test turns it back on and queries it
     env = fast_compile_env({**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": path,

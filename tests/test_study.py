@@ -23,7 +23,7 @@ import pytest
 import studies
 from harness import report
 from harness.folder import ResultsFolder
-from tests.conftest import _ray_processes, full_optimisation, listening, stop_ray_processes
+from tests.conftest import _ray_processes, listening, optimised, stop_ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "1", "--timesteps", "20480", "--no-asha"]
@@ -288,7 +288,7 @@ def test_optuna_storage__one_sqlite_file_holds_under_concurrent_writers(tmp_path
 
 @pytest.mark.slow
 def test_study__smoke_run_writes_reports(tmp_path, ray_env, capsys):
-    ray_env = full_optimisation(ray_env)
+    ray_env = optimised(ray_env)
     r = _study("cartpole_ppo", "--smoke", "--out", str(tmp_path), env=ray_env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "results:" in r.stdout and "best:" in r.stdout and "[2/2]" in r.stdout
