@@ -47,7 +47,8 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         StudyError: the Optuna storage cannot be opened, or the results disk refused a write.
     """
     from harness import tuning
-    from harness.search import BatchedOptunaSearcher, open_study, reconcile, storage_error
+    from harness.search import BatchedOptunaSearcher, open_study, reconcile
+    from harness.storage import storage_error
 
     budget = settings.budget(placement.kind)
     records = folder.trials()

@@ -121,7 +121,7 @@ class Settings:
             return dataclasses.replace(self, optuna_study=stored.optuna_study or self.study.name)
         if own_storage:
             return dataclasses.replace(self, optuna_study=self.study.name)
-        from harness.search import free_study_name
+        from harness.storage import free_study_name
 
         return dataclasses.replace(self, optuna_study=free_study_name(self.study.name, self.storage))
 
