@@ -97,7 +97,8 @@ def _shared_compile_cache(cache_home):
 # With it, XLA's CPU fusion emitters off: at the lowest level they are most of a kernel's compile
 # (measured on one core, a study's chunk kernel: CartPole 8.3 s -> 1.8 s, the dungeon 11.3 s ->
 # 6.2 s; its run 0.77 -> 0.71 s and 2.15 -> 3.08 s a chunk). At the default level they are not
-# (the same kernels compiled slower without them, 15 -> 22 s, and ran 2x slower): never there.
+# (the same kernels compiled slower without them, 15 -> 22 s, and ran 2x slower): never in the
+# optimised tests below.
 NO_EMITTERS = "xla_cpu_use_fusion_emitters"  # the XLA:CPU option, as a flag here and per compile below
 FAST_COMPILE = ("--xla_backend_optimization_level=0", f"--{NO_EMITTERS}=false")
 
@@ -114,8 +115,9 @@ def fast_compile_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def optimised(env: dict[str, str]) -> dict[str, str]:
-    """``env`` compiled :data:`OPTIMISED` (a study that runs many kernels: the smoke study's final
-    phase and ablation path took 93 s at the lowest level, 74 s at the default)."""
+    """``env`` compiled :data:`OPTIMISED`, for a study that runs many kernels after its search (the
+    smoke study, CPU of all its processes: 168 s at the fast tests' flags, 125 s at XLA's default
+    level, 93 s at level 1)."""
     kept = [f for f in env.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE]
     return {**env, "XLA_FLAGS": " ".join([*kept, *OPTIMISED])}
 
@@ -169,7 +171,7 @@ def _fast_compile_unless_slow(request):
     if marked:
         _settle_background_compiles()  # an earlier test's evaluation, compiling after the clear
         jax.clear_caches()
-    _COMPILE.update(fast=not keep, emitters=keep or marked)
+    _COMPILE.update(fast=not keep, emitters=bool(keep or marked))
     yield
     if marked:
         _settle_background_compiles()
