@@ -646,11 +646,14 @@ def runner_for(plan: TrialPlan, *, config_batch: int | None = None) -> TrialRunn
     return kind(plan, config_batch=config_batch)
 
 
+COMPILE_THREAD = "compile-evaluate"  # the name of :func:`_compile_soon`'s threads (the tests wait for them)
+
+
 def _compile_soon(jitted: Any, *args: Any) -> threading.Thread:
     """Compiles ``jitted`` for the shapes of ``args`` (:func:`_compile_once_per_node`) on a thread
     of its own (XLA's compiler releases the GIL), so a trial's final evaluation compiles while its
     chunks run; the call at the end finds it in JAX's cache."""
-    thread = threading.Thread(target=_compile_once_per_node, args=(jitted, *args), name="compile-evaluate",
+    thread = threading.Thread(target=_compile_once_per_node, args=(jitted, *args), name=COMPILE_THREAD,
                               daemon=True)
     thread.start()
     return thread

@@ -99,15 +99,16 @@ def _shared_compile_cache(cache_home):
 # 6.2 s; its run 0.77 -> 0.71 s and 2.15 -> 3.08 s a chunk). At the default level they are not
 # (the same kernels compiled slower without them, 15 -> 22 s, and ran 2x slower): never in the
 # optimised tests below.
-NO_EMITTERS = "xla_cpu_use_fusion_emitters"  # the XLA:CPU option, as a flag here and per compile below
-FAST_COMPILE = ("--xla_backend_optimization_level=0", f"--{NO_EMITTERS}=false")
+# the XLA:CPU options, as flags here and per compile below
+LEVEL, NO_EMITTERS = "xla_backend_optimization_level", "xla_cpu_use_fusion_emitters"
+FAST_COMPILE = (f"--{LEVEL}=0", f"--{NO_EMITTERS}=false")
 
 # Optimised means LLVM's level 1, not XLA's default 3: the learning tests' kernels compile a third
 # faster and run as fast (measured on one core, PPO on CartPole, 4 seeds x 500k steps: compile
 # 15.2 s -> 9.5 s, run 16-20 s at either; SAC on Pendulum 15.2 -> 10.2 s, run 16 s; the same
 # returns). The learning, coverage and transformer tests: 386 -> 301 s; the smoke study 125 -> 93 s.
 OPTIMISED_LEVEL = 1
-OPTIMISED = (f"--xla_backend_optimization_level={OPTIMISED_LEVEL}",)
+OPTIMISED = (f"--{LEVEL}={OPTIMISED_LEVEL}",)
 
 
 def fast_compile_env(env: dict[str, str]) -> dict[str, str]:
@@ -138,7 +139,7 @@ def _compile_options_per_test() -> None:
     def get_compile_options(*args, env_options_overrides=None, backend=None, **kwargs):
         if getattr(backend, "platform", "cpu") == "cpu":  # XLA:CPU options
             if not _COMPILE["fast"]:
-                ours = {"xla_backend_optimization_level": OPTIMISED_LEVEL}
+                ours = {LEVEL: OPTIMISED_LEVEL}
             else:
                 ours = {} if _COMPILE["emitters"] else {NO_EMITTERS: False}
             env_options_overrides = {**ours, **(env_options_overrides or {})}
@@ -182,8 +183,10 @@ def _settle_background_compiles() -> None:
     """Waits for the evaluation compiles trial runners start on a thread (harness.kernel._compile_soon)."""
     import threading
 
+    from harness.kernel import COMPILE_THREAD
+
     for thread in threading.enumerate():
-        if thread.name == "compile-evaluate":
+        if thread.name == COMPILE_THREAD:
             thread.join(timeout=600)
 
 
