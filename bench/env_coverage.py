@@ -8,7 +8,8 @@ its row after ``--timeout`` s, not the sweep) (``harness.coverage.probe``): ``en
 ``envs.check``, then one trial's kernel (2 configurations x 2 seeds, one chunk of two tiny updates,
 one evaluation episode) with PPO, and with SAC too where actions are continuous. One row per env
 and algorithm: trains (with compile seconds and env steps/s of the compiled chunk, all lanes), or
-refused / failed with the one-line reason a user would see. The last lines count each library's
+refused / failed with the one-line reason a user would see; and whether ``harness.play`` can draw
+the env (``harness.coverage.draws``: its reset state, as a GIF's frame). The last lines count each library's
 rows by status. Env steps/s here are for a tiny kernel; bench/env_steps.py measures throughput.
 """
 
@@ -80,8 +81,8 @@ def main() -> None:
             sys.exit(f"--only {' '.join(outside)}: not in the libraries swept ({', '.join(args.libraries)})")
         names = list(args.only)
     print(f"{len(names)} envs; jax {jax.__version__} on {jax.devices()[0].platform}", flush=True)
-    print("| env | algo | status | actions | obs | compile s | steps/s | return | reason |")
-    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("| env | algo | status | actions | obs | compile s | steps/s | return | drawn by play | reason |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     rows: list[Row] = []
     t0 = time.perf_counter()
     for name in names:
@@ -93,7 +94,7 @@ def main() -> None:
             rows.append(row)
             print(f"| {row.env} | {row.algo} | {row.status} | {row.action_space} | {row.obs_shape} | "
                   f"{_fmt(row.compile_s, '.1f')} | {_fmt(row.steps_per_s, ',.0f')} | "
-                  f"{_fmt(row.final_return, '.3g')} | {row.reason} |", flush=True)
+                  f"{_fmt(row.final_return, '.3g')} | {row.draws} | {row.reason} |", flush=True)
     if args.csv:
         with args.csv.open("w", newline="") as f:
             w = csv.DictWriter(f, [fl.name for fl in dataclasses.fields(Row)])
@@ -106,8 +107,10 @@ def main() -> None:
         trains = {r.env for r in mine if r.status == "trains"}
         refused = {r.env for r in mine if r.status == "refused"}
         failed = {r.env for r in mine if r.status == "failed"}
+        drawn = {r.env for r in mine if r.draws == "yes"}
         print(f"{lib}: {len(trains)}/{len(envs_)} envs train, {len(refused)} refused with a reason, "
-              f"{len(failed)} fail in the kernel" + (f" ({', '.join(sorted(failed))})" if failed else ""))
+              f"{len(failed)} fail in the kernel" + (f" ({', '.join(sorted(failed))})" if failed else "")
+              + f"; harness.play draws {len(drawn)}/{len(envs_)}")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def check(env: Environment, params: Any, steps: int = 64) -> None:
         options = _FAST_COMPILE_CPU if jax.default_backend() == "cpu" else _FAST_COMPILE
         out, limit = run.lower(*args).compile(options)(*args)
     except Exception as err:
-        raise _fail(env, f"step failed when compiled and run: {_first_line(err)}") from None
+        raise _fail(env, f"step failed when compiled and run: {first_line(err)}") from None
     if not np.isfinite(np.asarray(out.obs)).all() or not np.isfinite(np.asarray(out.reward)).all():
         raise _fail(env, f"observations or rewards are not finite within {steps} random steps")
     if bool((out.terminated & out.truncated).any()):
@@ -107,7 +107,8 @@ def check(env: Environment, params: Any, steps: int = 64) -> None:
     _check_time_limit(env, *(np.asarray(x) for x in limit))
 
 
-def _first_line(err: Exception) -> str:
+def first_line(err: BaseException) -> str:
+    """``err`` in one line: its type and the first non-blank line of its message."""
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
@@ -116,7 +117,7 @@ def _call(env: Environment, method: str, fn: Any) -> Any:
     try:
         return fn()
     except Exception as err:
-        raise _fail(env, f"{method} failed: {_first_line(err)}") from None
+        raise _fail(env, f"{method} failed: {first_line(err)}") from None
 
 
 def _traced(env: Environment, method: str, fn: Any, *args: Any) -> Any:
@@ -126,7 +127,7 @@ def _traced(env: Environment, method: str, fn: Any, *args: Any) -> Any:
         return jax.eval_shape(fn, *args)
     except Exception as err:
         raise _fail(env, f"{method} does not run under jit and vmap with traced params: "
-                         f"{_first_line(err)}") from None
+                         f"{first_line(err)}") from None
 
 
 def _check_mask(env: Environment, mask: Any, space: Space) -> None:

@@ -58,6 +58,7 @@ class Row:
     compile_s: float = float("nan")
     steps_per_s: float = float("nan")  # env steps per second of the second chunk, all lanes
     final_return: float = float("nan")  # mean evaluation return after the chunk (untrained)
+    draws: str = ""  # "yes" when harness.play draws the env (its reset state), else why not; "": not tried
 
 
 def algos_for(space: Any) -> list[str]:
@@ -67,11 +68,6 @@ def algos_for(space: Any) -> list[str]:
     return ["ppo", "sac"] if isinstance(space, Box) else ["ppo"]
 
 
-def _line(err: BaseException) -> str:
-    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
 def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 2) -> list[Row]:
     """One row per algorithm that fits the env (or just ``algo``): does a tiny trial train?
 
@@ -79,6 +75,7 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
     """
     import algos
     import envs
+    from envs.check import first_line
     from harness.kernel import TrialPlan, run_trial
 
     try:
@@ -87,9 +84,10 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
     except (envs.UnknownEnvError, envs.EnvContractError) as err:
         return [Row(name, algo or "-", "refused", reason=str(err).splitlines()[0])]
     space, obs = env.action_space(params), env.observation_space(params)
+    drawn = draws(env, params)
     rows = []
     for a in [algo] if algo else algos_for(space):
-        row = Row(name, a, "trains", str(space), str(obs.shape))
+        row = Row(name, a, "trains", str(space), str(obs.shape), draws=drawn)
         default = algos.get(a).hparams_cls.default()
         hparams = {f.name: float(getattr(default, f.name)) for f in dataclasses.fields(default)}
         plan = TrialPlan(env=name, algo=a, config=TINY[a], seeds=seeds, trial=0, curve_episodes=0,
@@ -98,7 +96,7 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
         try:
             result = run_trial(plan)
         except Exception as err:  # what a trial would record: the reason in one line
-            row.status, row.reason = "failed", _line(err)
+            row.status, row.reason = "failed", first_line(err)
             row.compile_s = time.perf_counter() - t
         else:
             row.compile_s = result.compile_seconds
@@ -108,3 +106,21 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
                 row.status, row.reason = "failed", "diverged within one chunk at default hyperparameters"
         rows.append(row)
     return rows
+
+
+def draws(env: Any, params: Any) -> str:
+    """``"yes"`` when ``harness.play`` can draw ``env`` (its reset state, drawn as a GIF's frame
+    would be, not one flat colour), else why not, in one line."""
+    import jax
+
+    from harness.render import RENDERERS, RenderError, drawn_from_states, state_frames
+
+    from_states = drawn_from_states(env.name)
+    if env.name not in RENDERERS and not from_states:
+        return "no renderer"
+    obs, state = jax.device_get(jax.jit(env.reset)(jax.random.key(0), params))
+    try:
+        (img,) = state_frames(env, params, [state]) if from_states else [RENDERERS[env.name](obs, params)]
+    except RenderError as err:
+        return str(err)
+    return "yes" if np.asarray(img).std() > 1.0 else "its picture of the reset state is one flat colour"

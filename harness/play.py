@@ -25,16 +25,12 @@ class PlayError(Exception):
 @dataclass
 class Episode:
     """One played episode: the observation before each step and the last one (``final_obs``),
-    the return so far at each of them, and (for a robot) the env states before each step."""
+    the return so far at each of them, and (for an env drawn from its states) the env states
+    before each step."""
 
     obs: list[Any]
     returns: list[float]
     states: list[Any] = field(default_factory=list)
-
-
-def _robot(env_id: str) -> bool:
-    """A Brax robot is drawn from its env states by MuJoCo, not from its observations."""
-    return env_id.startswith("brax:")
 
 
 def _choose(root: Path, config: str | None, seed: int) -> tuple[dict[str, Any], Path]:
@@ -75,15 +71,16 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     import envs
     from algos.common import evaluate_policy
     from harness.kernel import TrialPlan, build_config, keys_for, make_algo
-    from harness.render import RENDERERS, use_offscreen_gl
+    from harness.render import LIBRARIES_DRAWN, RENDERERS, drawn_from_states, use_offscreen_gl
 
     if gif is not None and not Path(gif).resolve().parent.is_dir():  # said now, not after the episode
         raise PlayError(f"cannot write {gif}: no folder {Path(gif).resolve().parent}")
     policy, path = _choose(Path(root), config, seed)
-    robot = _robot(policy["env"])
-    if gif is not None and policy["env"] not in RENDERERS and not robot:
-        raise PlayError(f"no renderer for {policy['env']}; renderers: {', '.join(RENDERERS)} and brax:*")
-    if gif is not None and robot:
+    from_states = drawn_from_states(policy["env"])
+    if gif is not None and policy["env"] not in RENDERERS and not from_states:
+        raise PlayError(f"no renderer for {policy['env']}; renderers: {', '.join(RENDERERS)} and every "
+                        f"{', '.join(f'{lib}:*' for lib in LIBRARIES_DRAWN)} env its library draws")
+    if gif is not None and policy["env"].startswith("brax:"):
         use_offscreen_gl()  # before Brax imports MuJoCo
     params = serialization.msgpack_restore(path.read_bytes())
     cfg = build_config(policy["algo"], policy["config"])
@@ -95,7 +92,7 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
                             cfg.eval_episodes)
 
     episode = _episode(env, env_params, jax.jit(algo.act), params, episode_seed,
-                       keep_states=gif is not None and robot)
+                       keep_states=gif is not None and from_states)
     frames = [] if gif is None else _write_gif(gif, policy, env, env_params, episode)
     return {"config_id": policy["config_id"], "seed": seed, "saved_eval": info["score"],
             "eval": float(again.return_mean), "episode_return": episode.returns[-1],
@@ -104,8 +101,8 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
 
 def _episode(env: Any, env_params: Any, act: Any, params: Any, episode_seed: int, *,
              keep_states: bool) -> Episode:
-    """One episode from ``episode_seed``, its env states kept with ``keep_states`` (a robot is
-    drawn from its states, not its observations)."""
+    """One episode from ``episode_seed``, its env states kept with ``keep_states`` (an adapter's
+    env is drawn from its states, not its observations)."""
     import jax
 
     step = jax.jit(env.step)
@@ -128,22 +125,23 @@ def _episode(env: Any, env_params: Any, act: Any, params: Any, episode_seed: int
 
 
 def _write_gif(gif: Path, policy: dict[str, Any], env: Any, env_params: Any, episode: Episode) -> list[Any]:
-    """Draws the episode (a robot by MuJoCo from its states, at most 200 frames; a grid or
-    CartPole from its observations), captions each frame, writes the GIF; returns the frames."""
+    """Draws the episode (an adapter's env by its library from its states, at most 200 frames;
+    ours from their observations), captions each frame, writes the GIF; returns the frames."""
     from PIL import ImageDraw
 
-    from harness.render import RENDERERS, RenderError, brax_frames
+    from harness.render import RENDERERS, RenderError, drawn_from_states, state_frames
 
-    robot, states = _robot(policy["env"]), episode.states
-    if robot:  # the states before the last step (the episode's end resets the state), <= 200 frames
+    states = episode.states
+    if drawn_from_states(policy["env"]):  # the states before the last step (the end resets the state)
         steps_shown = range(0, len(states), max(1, -(-len(states) // 200)))
         try:
-            frames = brax_frames(env, [states[i] for i in steps_shown])
+            frames = state_frames(env, env_params, [states[i] for i in steps_shown])
         except RenderError as err:
             raise PlayError(str(err)) from None
     else:
         frames = [RENDERERS[policy["env"]](o, env_params) for o in episode.obs]
         steps_shown = range(len(frames))
+    robot = policy["env"].startswith("brax:")  # drawn on MuJoCo's dark floor: a white caption
     for img, i in zip(frames, steps_shown, strict=False):
         # the caption also keeps every frame distinct (GIF writers merge identical frames)
         ImageDraw.Draw(img).text((6, 4), f"{policy['config_id']}  t={i}  return={episode.returns[i]:.1f}",

@@ -1,5 +1,9 @@
-"""Pictures of an environment's observation, for ``harness.play``'s GIFs (PIL; not in the JAX core).
-Brax robots are drawn from their states by MuJoCo's offscreen renderer (:func:`brax_frames`)."""
+"""Pictures of an environment, for ``harness.play``'s GIFs (PIL; not in the JAX core).
+
+Our envs are drawn from their observations (:data:`RENDERERS`). The adapters' envs are drawn
+from their states by their own libraries (:func:`state_frames`): Brax robots by MuJoCo's
+offscreen renderer, Jumanji envs by their own ``render``, gymnax envs by gymnax's ``Visualizer``
+(matplotlib, off screen)."""
 
 from __future__ import annotations
 
@@ -170,3 +174,83 @@ def brax_frames(env: Any, states: list[Any], *, width: int = 320, height: int = 
     finally:
         renderer.close()
     return frames
+
+
+LIBRARIES_DRAWN = ("brax", "jumanji", "gymnax")  # adapters whose envs are drawn from their states
+
+
+def drawn_from_states(env_id: str) -> bool:
+    """Whether ``env_id`` (``envs.make``'s name) is drawn from its env states by its library."""
+    return env_id.split(":", 1)[0] in LIBRARIES_DRAWN
+
+
+def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 320) -> list[Any]:
+    """Pictures of an adapter env's states (host arrays, as ``env.reset``/``step`` return them),
+    each ``width`` pixels wide, drawn by the env's own library. Raises RenderError when that
+    library cannot draw this env (one line saying why)."""
+    from envs.check import first_line
+
+    library = env.name.split(":", 1)[0]
+    if library == "brax":
+        return brax_frames(env, states, width=width, height=width * 3 // 4)
+    inner = env
+    while not hasattr(inner, "inner"):  # under our wrappers (FlattenObservation ...): the adapter
+        inner = inner.env
+    plt = _offscreen_pyplot()
+    if library == "jumanji":
+        import jax
+        import jax.numpy as jnp
+
+        frames = []
+        try:
+            for state in states:  # as JAX arrays: some of Jumanji's viewers update them (``.at``)
+                inner.inner.render(jax.tree.map(jnp.asarray, state.inner))  # on its figure, pyplot's current
+                frames.append(_picture(plt.gcf(), width))
+        except Exception as err:  # noqa: BLE001 - a library's drawing code raises anything
+            raise RenderError(f"Jumanji cannot draw {env.name} ({first_line(err)})") from None
+        finally:
+            inner.inner.close()
+        return frames
+    if library == "gymnax":
+        from gymnax.visualize import Visualizer
+
+        vis = Visualizer(inner.inner, env_params.inner, [s.inner for s in states])
+        try:
+            vis.init()
+            if not hasattr(vis, "im"):  # gymnax's Visualizer silently draws nothing for the others
+                raise RenderError(f"gymnax's Visualizer has no picture of {env.name}")
+            frames = []
+            for k in range(len(states)):
+                vis.update(k)
+                frames.append(_picture(vis.fig, width))
+            return frames
+        except RenderError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            raise RenderError(f"gymnax's Visualizer cannot draw {env.name} here ({first_line(err)})") from None
+        finally:
+            plt.close(vis.fig)
+    raise RenderError(f"no library draws {env.name}; drawn from their states: "
+                      f"{', '.join(f'{lib}:*' for lib in LIBRARIES_DRAWN)}")
+
+
+def _offscreen_pyplot() -> Any:
+    """pyplot on the Agg backend (no window opens; the libraries' ``fig.show()`` warnings muted)."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    warnings.filterwarnings("ignore", message=".*non-interactive.*cannot be shown")
+    return plt
+
+
+def _picture(fig: Any, width: int) -> Any:
+    """``fig`` as an RGB image ``width`` pixels wide (drawn at that size, not scaled after)."""
+    from PIL import Image
+
+    fig.set_dpi(width / fig.get_figwidth())
+    fig.canvas.draw()
+    return Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).convert("RGB")

@@ -56,6 +56,7 @@ def test_registry__a_representative_subset_trains_through_the_kernel_a_study_use
     bad = rows[rows.status != "trains"]
     assert bad.empty, bad[["env", "algo", "status", "reason"]].to_string()
     assert (rows.steps_per_s > 0).all() and np.isfinite(rows.final_return).all()
+    assert (rows.draws == "yes").all(), rows[["env", "draws"]].to_string()  # harness.play draws each
     assert rows.set_index("env").action_space["jumanji:Maze-v0"] == "Discrete(4)"
 
 

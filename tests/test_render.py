@@ -1,4 +1,5 @@
-"""harness.render: a picture for every registered env, changing as the episode moves.
+"""harness.render: a picture for every registered env, changing as the episode moves; the
+adapters' envs drawn by their own libraries (bench/env_coverage.py checks every registry's).
 
 The GIF itself (one frame per step plus the first) is checked end to end in test_study.py.
 """
@@ -55,37 +56,76 @@ def test_render__a_brax_robot_is_drawn_from_its_states_and_follows_them():
     assert not np.array_equal(frames[0], frames[-1]), "the picture follows the robot"
 
 
-def test_play__a_kept_robot_policy_is_re_evaluated_and_drawn_by_mujoco_at_most_200_frames(tmp_path):
-    """What ``harness.play`` does with a Brax study's kept policy (the final phase keeps one the
-    same way), on the cheapest robot: an untrained policy on the inverted pendulum."""
-    pytest.importorskip("brax")
+def _keep_untrained_policy(folder, env_name, static):
+    """A results folder holding an untrained PPO policy for ``env_name`` as the final phase keeps
+    one (configuration t0000c0, seed 0)."""
     from dataclasses import asdict
 
     from flax import serialization
-    from PIL import Image
 
     from algos.ppo import PPOHParams
     from harness.folder import ResultsFolder
     from harness.kernel import FINAL, TrialPlan, build_config, make_algo
-    from harness.play import play
 
-    env_name, static = "brax:inverted_pendulum", dict(num_envs=2, num_steps=8, hidden=[16, 16], eval_episodes=1,
-                                                      normalize_observations=True, squash="tanh")
     algo = make_algo(env_name, "ppo", build_config("ppo", static))
     params = algo.policy_params(jax.jit(algo.init)(jax.random.key(0), PPOHParams.default()))
-    (tmp_path / "p.msgpack").write_bytes(serialization.to_bytes(params))
+    (folder / "p.msgpack").write_bytes(serialization.to_bytes(params))
     plan = TrialPlan(env_name, "ppo", static, [{}], 1, 0, stream=FINAL)
-    ResultsFolder(tmp_path).keep_policies("t0000c0", [tmp_path / "p.msgpack"], {
+    ResultsFolder(folder).keep_policies("t0000c0", [folder / "p.msgpack"], {
         "config_id": "t0000c0", "study": "s", "env": env_name, "algo": "ppo", "config": static, "hparams": {},
         "seeds": [{"seed": 0, "score": 0.0, "plan": asdict(plan), "config_index": 0, "seed_index": 0}]})
-    out = play(tmp_path, gif=tmp_path / "robot.gif")
-    assert 1 <= out["frames"] <= 200 and out["steps"] >= 1
-    with Image.open(tmp_path / "robot.gif") as im:
-        assert im.n_frames == out["frames"] and im.size == (320, 240)
+
+
+def _first_and_last(gif):
+    from PIL import Image
+
+    with Image.open(gif) as im:
+        n, size = im.n_frames, im.size
         first = np.asarray(im.convert("RGB"))
         im.seek(im.n_frames - 1)
-        last = np.asarray(im.convert("RGB"))
+        return n, size, first, np.asarray(im.convert("RGB"))
+
+
+def test_play__a_kept_robot_policy_is_re_evaluated_and_drawn_by_mujoco_at_most_200_frames(tmp_path):
+    """What ``harness.play`` does with a Brax study's kept policy (the final phase keeps one the
+    same way), on the cheapest robot: an untrained policy on the inverted pendulum."""
+    pytest.importorskip("brax")
+    from harness.play import play
+
+    _keep_untrained_policy(tmp_path, "brax:inverted_pendulum", dict(
+        num_envs=2, num_steps=8, hidden=[16, 16], eval_episodes=1, normalize_observations=True, squash="tanh"))
+    out = play(tmp_path, gif=tmp_path / "robot.gif")
+    assert 1 <= out["frames"] <= 200 and out["steps"] >= 1
+    n, size, first, last = _first_and_last(tmp_path / "robot.gif")
+    assert n == out["frames"] and size == (320, 240)
     assert first.std() > 10 and (out["frames"] == 1 or not np.array_equal(first, last))
+
+
+@pytest.mark.parametrize("env_name, episode_seed", [
+    ("jumanji:Minesweeper-v0", 2),  # an episode of 6 clicks (from seed 0: a mine at the first)
+    ("gymnax:Catch-bsuite", 0)])
+def test_play__a_kept_jumanji_or_gymnax_policy_is_drawn_by_its_own_library(env_name, episode_seed, tmp_path):
+    """Jumanji's ``render`` and gymnax's ``Visualizer`` draw the episode from its states, off screen
+    (no window opens here: pyplot's Agg), one frame per step before the end, 320 pixels wide."""
+    pytest.importorskip(env_name.split(":")[0])
+    from harness.play import play
+
+    _keep_untrained_policy(tmp_path, env_name, dict(num_envs=2, num_steps=8, hidden=[16, 16], eval_episodes=1))
+    out = play(tmp_path, gif=tmp_path / "ep.gif", episode_seed=episode_seed)
+    n, (width, _), first, last = _first_and_last(tmp_path / "ep.gif")
+    assert n == out["frames"] == out["steps"] >= 2 and width == 320
+    below_captions = slice(first.shape[0] // 4, None)  # the rows under our caption and the library's title
+    assert first.std() > 10 and not np.array_equal(first[below_captions], last[below_captions])
+
+
+def test_render__an_env_its_library_cannot_draw_is_one_clear_error():
+    pytest.importorskip("gymnax")
+    from harness.render import RenderError, state_frames
+
+    env, params = envs.make("gymnax:DeepSea-bsuite")
+    _, state = jax.jit(env.reset)(jax.random.key(0), params)
+    with pytest.raises(RenderError, match=r"^gymnax's Visualizer has no picture of gymnax:DeepSea-bsuite$"):
+        state_frames(env, params, [jax.device_get(state)])
 
 
 def test_render__no_opengl_for_mujoco_is_one_clear_error(tmp_path):
