@@ -78,6 +78,10 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
     from envs.check import first_line
     from harness.kernel import TrialPlan, run_trial
 
+    if name.startswith("brax:"):
+        from harness.render import use_offscreen_gl
+
+        use_offscreen_gl()  # before Brax imports MuJoCo, so that draws() can render
     try:
         env, params = envs.make(name)
         envs.check(env, params)

@@ -32,11 +32,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness.records import RecordsError, read_json, write_json
-from harness.space import Budget
+from harness.space import DIRECTIONS, METRICS, SCHEDULERS, Budget
+from harness.stats import OBJECTIVES
 
 KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint inside a Tune trial's checkpoint folder
 _TRIAL_FIELDS = {"trial": int, "status": str, "seeds": int, "configs": list}
-_CONFIG_FIELDS = {"index": int, "params": dict}  # each entry of a trial record's configs
+_LIST_OR_NONE = (list, type(None))  # scores and diverged: None where a configuration has none (pruned, failed)
+# each entry of a trial record's configs
+_CONFIG_FIELDS = {"index": int, "params": dict, "scores": _LIST_OR_NONE, "diverged": _LIST_OR_NONE}
+# the values study.json's fields may take where there are few (None: a field left to its default)
+_META_CHOICES = {"direction": DIRECTIONS, "metric": METRICS, "objective": OBJECTIVES, "scheduler": SCHEDULERS}
 # study.json's fields and the types they must have (None allowed where the default is None)
 _META_TYPES = {"study": str, "env": str, "algo": str, "direction": str, "metric": str, "objective": str,
                "threshold": (int, float), "scheduler": str, "seed": int, "budget": dict, "smoke": bool,
@@ -84,6 +89,9 @@ class StudyMeta:
             wrong.append("budget")
         if wrong:
             raise RecordsError(f"{where} is not a study's study.json (no valid {', '.join(wrong)})")
+        for k, choices in _META_CHOICES.items():
+            if data.get(k) is not None and data[k] not in choices:
+                raise RecordsError(f"{where}: {k} {data[k]!r} is not one of {', '.join(choices)}")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         return cls(**{k: v for k, v in data.items() if k in known},
                    extra={k: v for k, v in data.items() if k not in known})
@@ -209,7 +217,7 @@ class ResultsFolder:
     def read_trials(self) -> tuple[list[dict[str, Any]], list[str]]:
         """The readable trial records by trial number, and one line for each file that is not one
         (truncated, corrupt, or missing a field), naming it."""
-        records, problems = [], []
+        records, problems, seen = [], [], {}
         for path in sorted((self.root / "trials").glob("*.json")):
             try:
                 rec = read_json(path)
@@ -221,9 +229,13 @@ class ResultsFolder:
                     missing = ["configs"]
                 if missing:
                     raise RecordsError(f"{path} is not a trial record (no valid {', '.join(missing)})")
+                if rec["trial"] in seen:
+                    raise RecordsError(f"{path} is not a trial record of its own (trial {rec['trial']} "
+                                       f"again, as in {seen[rec['trial']].name})")
             except (RecordsError, OSError) as err:
                 problems.append(str(err))
                 continue
+            seen[rec["trial"]] = path
             records.append(rec)
         return sorted(records, key=lambda r: r["trial"]), problems
 
@@ -363,9 +375,16 @@ def _read_derived(path: Path, key: str) -> dict[str, Any]:
         RecordsError: not valid JSON, or not that file's shape.
     """
     data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get(key), list):
+    if not isinstance(data, dict) or not isinstance(data.get(key), list) or not all(
+            isinstance(entry, dict) and all(isinstance(entry.get(k), t) for k, t in _DERIVED_ENTRY[key].items())
+            for entry in data[key]):
         raise RecordsError(f"{path} is not the study's {path.name} (no valid {key})")
     return data
+
+
+# what each entry of final.json's configs and ablation.json's steps must hold (as the reports read them)
+_DERIVED_ENTRY = {"configs": {"config_id": str, "scores": _LIST_OR_NONE, "diverged": _LIST_OR_NONE},
+                  "steps": {"param": str}}
 
 
 def as_folder(where: ResultsFolder | Path | str) -> ResultsFolder:

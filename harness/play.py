@@ -10,12 +10,13 @@ loaded policy is evaluated again exactly as at save time and both returns are pr
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.cli import Parser
 
 
 class PlayError(Exception):
@@ -34,22 +35,33 @@ class Episode:
 
 
 def _choose(root: Path, config: str | None, seed: int) -> tuple[dict[str, Any], Path]:
+    from envs.check import first_line
     from harness.folder import ResultsFolder
 
     folder = ResultsFolder(root)
     if not root.is_dir():
         raise PlayError(f"no results folder at {root}")
+    if not folder.is_study():
+        raise PlayError(f"{root} is not a study's results folder (no study.json)")
     kept = folder.kept_policies()
     if not kept:
         raise PlayError(f"{root} has no checkpoints yet (they are written when the study finishes)")
     if config is None:
-        best = folder.report("best.json")
-        config = json.loads(best.read_text()).get("config_id") if best.exists() else None
+        try:
+            config = json.loads(folder.report("best.json").read_text()).get("config_id")
+        except (OSError, ValueError, AttributeError):  # no best.json (yet), or one that cannot be read
+            config = None
         config = config if config in kept else kept[0]
     if config not in kept:
         raise PlayError(f"no checkpoint for configuration {config!r}; kept: {', '.join(kept)}")
-    policy = json.loads((folder.policy_dir(config) / "policy.json").read_text())
-    seeds = [s["seed"] for s in policy["seeds"]]
+    where = folder.policy_dir(config) / "policy.json"
+    try:
+        policy = json.loads(where.read_text())
+        seeds = [s["seed"] for s in policy["seeds"]]
+        if not all(isinstance(policy.get(k), str) for k in ("env", "algo", "config_id")):
+            raise KeyError("env, algo or config_id")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise PlayError(f"{where} is not a kept policy's policy.json ({first_line(err)})") from None
     if seed not in seeds:
         raise PlayError(f"configuration {config} has no seed {seed}; seeds: {', '.join(map(str, seeds))}")
     return policy, folder.policy_file(config, seed)
@@ -60,7 +72,8 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     """Loads a checkpoint, re-evaluates it, plays one episode; returns what it found.
 
     Raises:
-        PlayError: no such results folder, checkpoint, configuration or seed, or no renderer.
+        PlayError: no such results folder, checkpoint, configuration or seed, a kept policy that
+            cannot be loaded, or no renderer.
     """
     from harness.device import configure_xla
 
@@ -70,6 +83,7 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
 
     import envs
     from algos.common import evaluate_policy
+    from envs.check import first_line
     from harness.kernel import TrialPlan, build_config, keys_for, make_algo
     from harness.render import LIBRARIES_DRAWN, RENDERERS, drawn_from_states, use_offscreen_gl
 
@@ -82,14 +96,18 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
                         f"{', '.join(f'{lib}:*' for lib in LIBRARIES_DRAWN)} env its library draws")
     if gif is not None and policy["env"].startswith("brax:"):
         use_offscreen_gl()  # before Brax imports MuJoCo
-    params = serialization.msgpack_restore(path.read_bytes())
-    cfg = build_config(policy["algo"], policy["config"])
-    algo = make_algo(policy["env"], policy["algo"], cfg)
-    env, env_params = envs.make(policy["env"])
-    info = next(s for s in policy["seeds"] if s["seed"] == seed)
-    eval_key = keys_for(TrialPlan(**info["plan"]))[1][info["config_index"], info["seed_index"]]
-    again = evaluate_policy(env, env_params, lambda o, m, k: algo.act(params, o, m, k), eval_key,
-                            cfg.eval_episodes)
+    try:  # a kept policy that was changed or damaged on disk, or made by another version
+        params = serialization.msgpack_restore(path.read_bytes())
+        cfg = build_config(policy["algo"], policy["config"])
+        algo = make_algo(policy["env"], policy["algo"], cfg)
+        env, env_params = envs.make(policy["env"])
+        info = next(s for s in policy["seeds"] if s["seed"] == seed)
+        eval_key = keys_for(TrialPlan(**info["plan"]))[1][info["config_index"], info["seed_index"]]
+        again = evaluate_policy(env, env_params, lambda o, m, k: algo.act(params, o, m, k), eval_key,
+                                cfg.eval_episodes)
+    except Exception as err:  # noqa: BLE001 - whatever it is, it is this policy's files: said in one line
+        raise PlayError(f"the policy kept in {path} cannot be loaded and re-evaluated "
+                        f"({first_line(err)})") from None
 
     episode = _episode(env, env_params, jax.jit(algo.act), params, episode_seed,
                        keep_states=gif is not None and from_states)
@@ -151,8 +169,7 @@ def _write_gif(gif: Path, policy: dict[str, Any], env: Any, env_params: Any, epi
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.play", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser("python -m harness.play", __doc__)
     p.add_argument("results", help="a study's results folder, e.g. results/cartpole_ppo")
     p.add_argument("--config", help="configuration id (default: the study's best)")
     p.add_argument("--seed", type=int, default=0, help="which re-trained seed's policy (default 0)")

@@ -46,6 +46,8 @@ def read_json(path: Path) -> Any:
         raise RecordsError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
     except UnicodeDecodeError as err:  # bytes that are not text at all (a corrupt disk block, say)
         raise RecordsError(f"{path} is not valid JSON (not UTF-8 text: byte {err.start})") from None
+    except OSError as err:  # a folder where the file should be, no permission to read it ...
+        raise RecordsError(f"{path} cannot be read ({err.strerror or err})") from None
 
 
 def config_id(trial: int, index: int) -> str:

@@ -11,7 +11,6 @@ and the plots with ``reports/index.html`` (open it in a browser; see harness/plo
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from harness import ablation, importance, lineage
+from harness.cli import Parser
 from harness.folder import ResultsFolder, as_folder
 from harness.records import RecordsError, config_id, write_json
 from harness.space import label
@@ -301,14 +301,16 @@ def _jsonable(x: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser("python -m harness.report", __doc__)
     parser.add_argument("results", help="a study's results folder, e.g. results/cartpole_ppo")
     args = parser.parse_args(argv)
     try:
         paths = build(Path(args.results))
     except RecordsError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file where a reports folder goes, no permission, a full disk ...
+        print(f"error: cannot write the reports: {err.strerror or err}: {err.filename}", file=sys.stderr)
         return 2
     for p in paths.values():
         print(p)

@@ -279,7 +279,8 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
     Raises:
         StudyError: an unknown algorithm or env, an env that breaks the contract, a budget or search
             space that cannot work (at either device's budget), a resumed study's fixed budget changed,
-            a scheduler that cannot run at this budget, a bad --checkpoint-every or --device-memory.
+            a scheduler that cannot run at this budget, a bad --checkpoint-every or --device-memory,
+            an --address that does not answer, a --storage that cannot be opened, an empty value.
     """
     import algos
     import envs
@@ -292,6 +293,21 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
         envs.check(env, env_params)  # before Ray starts: a broken env fails here, in one line
     except (algos.UnknownAlgoError, envs.UnknownEnvError, envs.EnvContractError) as err:
         raise StudyError(f"study {study.name}: {err}") from None
+    for flag, value in (("--address", options.address), ("--storage", options.storage),
+                        ("--device-memory", options.device_memory)):
+        if value is not None and not value.strip():
+            raise StudyError(f"{flag} is empty: give a value or leave it out")
+    if options.address:  # before Ray starts, and before --fresh moves the old results aside
+        from harness.cluster import ClusterError, check_address
+
+        try:
+            check_address(options.address)
+        except ClusterError as err:
+            raise StudyError(str(err)) from None
+    if options.storage:  # opened now: a URL that cannot be opened is said before Ray starts
+        from harness.storage import free_study_name
+
+        free_study_name(study.name, options.storage)
     scheduler = options.scheduler or study.scheduler
     if options.top_k is not None:
         if options.top_k < 0:

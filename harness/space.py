@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -76,8 +77,11 @@ class Budget:
 
     def __post_init__(self) -> None:
         for name in ("trials", "configs_per_trial", "seeds", "timesteps"):
-            if getattr(self, name) < 1:
-                raise StudyError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise StudyError(f"budget {name} must be a whole number, got {value!r}")
+            if value < 1:
+                raise StudyError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class PBT:
 
 
 SCHEDULERS = ("asha", "lanes", "pbt", "none")
+_FOLDER_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a study's name is its results folder's
+METRICS = ("mean", "iqm")  # a configuration's score over its seeds (harness.stats.config_score)
+DIRECTIONS = ("maximize", "minimize")
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,9 @@ class Study:
     source: str | None = None  # the study file it came from (set by studies.load_file)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _FOLDER_NAME.fullmatch(self.name):
+            raise StudyError(f"study name {self.name!r} must name its results folder: letters, digits, '-', '_' "
+                             "and '.', not starting with '.'")
         if self.direction is None:  # frozen: set once, here
             object.__setattr__(self, "direction", "minimize" if self.objective == "steps" else "maximize")
         _check_shape(self)
@@ -298,6 +308,10 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         StudyError: an unknown name, an empty range, or a combination of static choices that
             the algorithm rejects (e.g. ``num_minibatches`` not dividing the batch).
     """
+    for field_name, least in (("seed", 0), ("top_k", 0), ("final_seeds", 1)):
+        value = getattr(study, field_name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise StudyError(f"study {study.name}: {field_name} must be a whole number >= {least}, got {value!r}")
     config_fields = {f.name for f in dataclasses.fields(config_cls)}
     hp_fields = {f.name for f in dataclasses.fields(hparams_cls)}
     known = sorted(config_fields | hp_fields)
@@ -305,12 +319,15 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         if name not in config_fields | hp_fields:
             raise StudyError(f"study {study.name}: unknown setting {name!r} for {study.algo}; "
                              f"known: {', '.join(known)}")
-    if study.metric not in ("mean", "iqm"):
-        raise StudyError(f"study {study.name}: metric must be 'mean' or 'iqm', got {study.metric!r}")
-    if study.direction not in ("maximize", "minimize"):
-        raise StudyError(f"study {study.name}: direction must be 'maximize' or 'minimize'")
-    if study.objective not in ("final", "auc", "steps"):
-        raise StudyError(f"study {study.name}: objective must be 'final', 'auc' or 'steps', "
+    from harness.stats import OBJECTIVES
+
+    if study.metric not in METRICS:
+        raise StudyError(f"study {study.name}: metric must be one of {', '.join(METRICS)}, got {study.metric!r}")
+    if study.direction not in DIRECTIONS:
+        raise StudyError(f"study {study.name}: direction must be one of {', '.join(DIRECTIONS)}, "
+                         f"got {study.direction!r}")
+    if study.objective not in OBJECTIVES:
+        raise StudyError(f"study {study.name}: objective must be one of {', '.join(OBJECTIVES)}, "
                          f"got {study.objective!r}")
     if study.objective == "steps" and study.threshold is None:
         raise StudyError(f"study {study.name}: objective 'steps' needs a threshold (the return to reach)")

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.cli import Parser
 from harness.cluster import ClusterError, Placement
 from harness.folder import ResultsFolder, StudyMeta
 from harness.records import RecordsError, disk_problem
@@ -28,8 +29,7 @@ from harness.space import SCHEDULERS, Budget, StudyError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.study", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser("python -m harness.study", __doc__)
     p.add_argument("name", nargs="?", help="a registered study (see --list)")
     p.add_argument("--list", action="store_true", help="list the studies with one-line descriptions")
     p.add_argument("--trials", type=int, help="Ray Tune trials in total (the study's default for the device)")
@@ -106,6 +106,8 @@ def _resolve(args: argparse.Namespace, resume: str) -> tuple[Settings, ResultsFo
     """argv's last stop: the study, its results folder (set aside with --fresh) and the settings."""
     import studies
 
+    if args.no_asha and args.scheduler not in (None, "none"):
+        raise StudyError(f"--no-asha is --scheduler none: it cannot go with --scheduler {args.scheduler}")
     study = studies.get(args.name)
     folder = ResultsFolder(Path(args.out).resolve() / (study.name + ("-smoke" if args.smoke else "")))
     options = Options(trials=args.trials, configs_per_trial=args.configs_per_trial, seeds=args.seeds,

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from harness.cli import Parser
 from harness.device import configure_xla
 from harness.space import out_of_range
 
@@ -60,8 +61,7 @@ def split_overrides(spec: Any, items: list[str]) -> tuple[dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser("python -m harness.train", __doc__)
     parser.add_argument("--algo", default="ppo", help="ppo or sac (default ppo)")
     parser.add_argument("--env", default="CartPole-v1", help="a registered environment")
     parser.add_argument("--seeds", type=int, default=4, help="seeds trained in one kernel")
@@ -104,6 +104,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.config_key is not None and min(args.config_key, args.seed) < 0:
+        raise UsageError(f"--config-key and --seed must be >= 0 with --config-key (a study's seed and an "
+                         f"Optuna number), got {args.config_key} and {args.seed}")
     config_kw, hp_kw = split_overrides(spec, args.set)
     if args.timesteps is not None:
         config_kw["total_timesteps"] = args.timesteps
@@ -112,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         algo = spec.make(config, env, env_params)
     except ValueError as err:
         raise UsageError(f"{spec.name} on {args.env}: {err}") from None
-    schedule = _schedule(args.schedule, spec) if args.schedule else {}
+    schedule = _schedule(args.schedule, spec, config.num_chunks) if args.schedule is not None else {}
 
     def stacked(overrides: dict[str, float]) -> Any:
         return jax.tree.map(lambda x: x[None], spec.hparams_cls.default(**{**hp_kw, **overrides}))
@@ -154,8 +157,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _schedule(path: str, spec: Any) -> dict[int, dict[str, float]]:
-    """``--schedule FILE`` as {chunk: hyperparameters}; a missing or malformed file is a UsageError."""
+def _schedule(path: str, spec: Any, num_chunks: int) -> dict[int, dict[str, float]]:
+    """``--schedule FILE`` as {chunk: hyperparameters}; a missing or malformed file, a chunk outside
+    the run or a value outside a hyperparameter's range is a UsageError."""
     import json
 
     known = {f.name for f in dataclasses.fields(spec.hparams_cls)}
@@ -172,6 +176,11 @@ def _schedule(path: str, spec: Any) -> dict[int, dict[str, float]]:
         if unknown := set(h) - known:
             raise UsageError(f"--schedule {path}: chunk {k} sets unknown hyperparameters "
                              f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        if not 1 <= k <= num_chunks:
+            raise UsageError(f"--schedule {path}: chunk {k} is not in this run (chunks 1 to {num_chunks})")
+        for name, value in h.items():
+            if why := out_of_range(spec.hparams_cls, name, value):
+                raise UsageError(f"--schedule {path}: chunk {k}: {why}")
     return out
 
 

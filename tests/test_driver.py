@@ -631,6 +631,71 @@ def test_study_cli__fresh_with_a_study_that_cannot_work_leaves_the_old_results_w
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["bad"]
 
 
+@pytest.mark.parametrize("args, expect", [
+    (["--no-asha", "--scheduler", "pbt"], "--no-asha is --scheduler none: it cannot go with --scheduler pbt"),
+    (["--address", ""], "--address is empty: give a value or leave it out"),
+    (["--storage", " "], "--storage is empty: give a value or leave it out"),
+    (["--address", "127.0.0.1:{closed}"], "cannot reach a Ray cluster at 127.0.0.1:{closed} (Connection refused)"),
+    (["--address", "ray://127.0.0.1:{closed}"], "cannot reach a Ray cluster at ray://127.0.0.1:{closed}"),
+    (["--storage", "bogus://nothing"], "cannot open Optuna storage 'bogus://nothing': Can't load plugin"),
+])
+def test_study_cli__flags_that_cannot_work_are_one_line_before_ray_and_fresh_moves_nothing(args, expect, tmp_path,
+                                                                                            capsys):
+    """Said before Ray starts (none runs in this process) and before --fresh would set the old
+    results aside: an --address that does not answer (at once, also for Ray's client), a --storage
+    that cannot be opened, an empty value, --no-asha against another scheduler."""
+    import socket
+
+    from harness import study as cli
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    ResultsFolder(tmp_path / "cartpole_ppo").write_meta(StudyMeta(study="cartpole_ppo"))
+    argv = ["cartpole_ppo", "--fresh", "--out", str(tmp_path), *[a.format(closed=closed) for a in args]]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and expect.format(closed=closed) in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["cartpole_ppo"]
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("study", ["cartpole_ppo", "--scheduler", "bogus"]), ("study", ["cartpole_ppo", "--trails", "3"]),
+    ("report", []), ("play", ["results/x", "--seed", "one"]), ("train", ["--seeds", "x"]),
+])
+def test_clis__a_command_line_argparse_refuses_is_one_line_not_the_usage(module, argv, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as out:
+        importlib.import_module(f"harness.{module}").main(argv)
+    err = capsys.readouterr().err
+    assert out.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: ") and err.rstrip().endswith(f"(python -m harness.{module} --help for usage)")
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "", ".hidden", "a b"])
+def test_study__a_name_that_is_not_a_folder_name_is_refused_where_the_study_is_made(name):
+    with pytest.raises(StudyError, match=rf"^study name {re.escape(repr(name))} must name its results folder: "):
+        dataclasses.replace(studies.get("cartpole_ppo"), name=name)
+
+
+def test_study__a_budget_counts_in_whole_numbers():
+    with pytest.raises(StudyError, match=r"^budget trials must be a whole number, got 2.5$"):
+        Budget(2.5, 2, 2, 1024)
+    with pytest.raises(StudyError, match=r"^budget timesteps must be a whole number, got '10k'$"):
+        Budget(2, 2, 2, "10k")
+
+
+@pytest.mark.parametrize("change, expect", [
+    (dict(seed=-1), r"seed must be a whole number >= 0, got -1"),
+    (dict(top_k=-1), r"top_k must be a whole number >= 0, got -1"),
+    (dict(final_seeds=0), r"final_seeds must be a whole number >= 1, got 0"),
+])
+def test_settings__a_seed_or_final_phase_that_cannot_work_is_refused_before_ray(tmp_path, change, expect):
+    with pytest.raises(StudyError, match=expect):
+        settings_for(dataclasses.replace(studies.get("cartpole_ppo"), **change), tmp_path)
+
+
 # -- the shape of the driver ----------------------------------------------------------------------
 
 def test_driver__only_the_cli_imports_studies_and_sees_argv():
@@ -638,7 +703,7 @@ def test_driver__only_the_cli_imports_studies_and_sees_argv():
         text = path.read_text()
         if path.name != "study.py":
             assert not re.search(r"^\s*(import studies|from studies)", text, re.M), path
-        if path.name not in ("study.py", "report.py", "train.py", "play.py"):  # the four CLIs
+        if path.name not in ("study.py", "report.py", "train.py", "play.py", "cli.py"):  # the CLIs, their parser
             assert "sys.argv" not in text and "argparse" not in text, path
 
 

@@ -139,7 +139,7 @@ def test_study__steps_objective_is_minimized_and_needs_a_threshold():
         _validate(_study(objective="steps"))
     with pytest.raises(StudyError, match="objective 'steps' is minimized; direction='maximize' contradicts it"):
         _validate(_study(objective="steps", threshold=1, direction="maximize"))
-    with pytest.raises(StudyError, match="objective must be 'final', 'auc' or 'steps', got 'best'"):
+    with pytest.raises(StudyError, match="objective must be one of final, auc, steps, got 'best'"):
         _validate(_study(objective="best"))
     with pytest.raises(StudyError, match="curve_episodes must be >= 1 for objective 'auc'"):
         _validate(_study(objective="auc", curve_episodes=0))

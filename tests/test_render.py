@@ -64,9 +64,10 @@ def _keep_untrained_policy(folder, env_name, static):
     from flax import serialization
 
     from algos.ppo import PPOHParams
-    from harness.folder import ResultsFolder
+    from harness.folder import ResultsFolder, StudyMeta
     from harness.kernel import FINAL, TrialPlan, build_config, make_algo
 
+    ResultsFolder(folder).write_meta(StudyMeta(study="s", env=env_name, algo="ppo"))
     algo = make_algo(env_name, "ppo", build_config("ppo", static))
     params = algo.policy_params(jax.jit(algo.init)(jax.random.key(0), PPOHParams.default()))
     (folder / "p.msgpack").write_bytes(serialization.to_bytes(params))
@@ -126,6 +127,32 @@ def test_render__an_env_its_library_cannot_draw_is_one_clear_error():
     _, state = jax.jit(env.reset)(jax.random.key(0), params)
     with pytest.raises(RenderError, match=r"^gymnax's Visualizer has no picture of gymnax:DeepSea-bsuite$"):
         state_frames(env, params, [jax.device_get(state)])
+
+
+def test_play__a_folder_or_kept_policy_it_cannot_use_is_one_line(tmp_path, capsys):
+    """What ``python -m harness.play`` says for a folder that is not a study's, and for a kept
+    policy changed or damaged on disk: one line each, exit status 2 (no traceback)."""
+    from harness.play import main
+
+    def said(folder):
+        assert main([str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: "), err
+        return err.strip()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert said(empty) == f"error: {empty} is not a study's results folder (no study.json)"
+    _keep_untrained_policy(tmp_path, "CartPole-v1", dict(num_envs=2, num_steps=8, hidden=[8], eval_episodes=1))
+    kept = tmp_path / "checkpoints" / "t0000c0"
+    policy = (kept / "policy.json").read_text()
+    (kept / "policy.json").write_text(policy.replace('"seeds"', '"sedes"'))
+    assert said(tmp_path).endswith("policy.json is not a kept policy's policy.json (KeyError: 'seeds')")
+    (kept / "policy.json").write_text(policy.replace('"CartPole-v1"', '"gymnax:Cartpole-v1"'))
+    assert "cannot be loaded and re-evaluated (UnknownEnvError: unknown gymnax env 'Cartpole-v1'" in said(tmp_path)
+    (kept / "policy.json").write_text(policy)
+    (kept / "seed_0.msgpack").write_bytes(b"\x93garbage")
+    assert "seed_0.msgpack cannot be loaded and re-evaluated (" in said(tmp_path)
 
 
 def test_render__no_opengl_for_mujoco_is_one_clear_error(tmp_path):

@@ -225,6 +225,46 @@ def test_report__a_study_json_with_fields_of_the_wrong_type_is_one_line(tmp_path
     assert capsys.readouterr().err.strip() == f"error: {where} is not a study's study.json (no valid budget)"
 
 
+def test_report__values_a_study_cannot_have_and_files_where_folders_go_are_one_line(tmp_path, capsys):
+    where = tmp_path / "study.json"
+    for field, value, choices in (("metric", "median", "mean, iqm"), ("objective", "best", "final, auc, steps"),
+                                  ("direction", "sideways", "maximize, minimize")):
+        write_json(where, {"study": "s", field: value})
+        assert report.main([str(tmp_path)]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {where}: {field} {value!r} is not one of {choices}"
+    where.unlink()
+    where.mkdir()  # a folder where study.json goes
+    assert report.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {where} cannot be read (Is a directory)"
+    where.rmdir()
+    write_json(where, {"study": "s", "direction": "maximize", "space": {"lr": "log"}})
+    (tmp_path / "reports").write_text("")  # a file where the reports folder goes
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: cannot write the reports: File exists: {tmp_path / 'reports'}", err
+
+
+def test_report__records_of_the_wrong_shape_or_a_trial_recorded_twice_are_named_and_left_out(tmp_path, capsys):
+    """Valid JSON, wrong contents: named once each, the reports built from the rest (a trial
+    recorded under two file names: the first kept)."""
+    write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize", "space": {"lr": "log"}})
+    for t in range(2):
+        write_json(tmp_path / "trials" / f"{t:04d}.json",
+                   _record(t, "complete", [[10.0 + t, 20.0], [30.0, 40.0]], [[False, False], [False, False]]))
+    write_json(tmp_path / "trials" / "0002.json", _record(0, "complete", [[1.0, 2.0]] * 2, [[False] * 2] * 2))
+    wrong = _record(3, "complete", [[1.0, 2.0]] * 2, [[False] * 2] * 2)
+    wrong["configs"][1]["scores"] = 7
+    write_json(tmp_path / "trials" / "0003.json", wrong)
+    write_json(tmp_path / "final.json", {"configs": [{"config_id": 5}], "control": None})
+    assert report.main([str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "0002.json is not a trial record of its own (trial 0 again, as in 0000.json)" in err
+    assert "0003.json is not a trial record (no valid configs)" in err
+    assert "final.json is not the study's final.json (no valid configs)" in err and "Traceback" not in err
+    configs = pd.read_csv(tmp_path / "reports" / "configs.csv")
+    assert sorted(set(configs.trial)) == [0, 1] and configs.set_index("config_id")["mean"]["t0000c0"] == 15.0
+
+
 def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_nothing_else(tmp_path, monkeypatch):
     import errno
     import os

@@ -29,14 +29,21 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     (["--set", "num_envs=0"], "PPOConfig.num_envs must be >= 1, got 0"),
     (["--set", "gamma=1.5"], "--set gamma=1.5: gamma=1.5 is outside [0, 1]"),
     (["--algo", "sac", "--env", "Pendulum-v1", "--set", "tau=0"], "--set tau=0: tau=0.0 is outside (0, 1]"),
+    (["--config-key", "-1"], "--config-key and --seed must be >= 0 with --config-key"),
+    (["--config-key", "0", "--seed", "-2"], "got 0 and -2"),
+    (["--schedule", ""], "--schedule : No such file or directory"),  # not "no schedule": a run of its own
+    (["--schedule", "{tmp}/early.json"], "chunk 0 is not in this run (chunks 1 to 98)"),
+    (["--schedule", "{tmp}/negative.json"], "chunk 3: lr=-0.001 is outside (0, inf)"),
 ])
-def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect, capsys, monkeypatch):
+def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect, capsys, monkeypatch, tmp_path):
     # in this process (main() is what `python -m harness.train` runs; the tiny run below goes through
     # the real entry point): 8 interpreters less, about 13 s of the suite
     from harness import train
 
+    (tmp_path / "early.json").write_text('[{"chunk": 0, "hparams": {"lr": 0.001}}]')
+    (tmp_path / "negative.json").write_text('[{"chunk": 3, "hparams": {"lr": -0.001}}]')
     monkeypatch.setattr(os, "environ", os.environ.copy())  # main() sets XLA's variables
-    assert train.main(args) == 2
+    assert train.main([a.format(tmp=tmp_path) for a in args]) == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and expect in lines[0], err
