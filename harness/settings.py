@@ -357,6 +357,9 @@ def resolve_budget(study: Study, options: Options, kind: str, stored: StudyMeta 
     """
     base = study.smoke if options.smoke else (study.gpu if kind == "gpu" else study.cpu)
     given = options.given()
+    for k, v in given.items():
+        if v is not None and v < 1:
+            raise StudyError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
     values = {**dataclasses.asdict(base), **{k: v for k, v in given.items() if v is not None}}
     if stored is not None and stored.budget:
         for k in RESUME_FIXED:

@@ -243,12 +243,13 @@ def _check_shape(study: Study) -> None:
             raise StudyError(f"{where}: space[{name!r}] is an integer range on a log scale but low={dist.low} < 1")
 
 
-def _static_choices(dist: Distribution) -> list[Any]:
+def _static_choices(name: str, dist: Distribution) -> list[Any]:
     if isinstance(dist, Categorical):
         return list(dist.choices)
     if isinstance(dist, Int) and dist.high - dist.low <= 64:
         return list(range(dist.low, dist.high + 1))
-    raise StudyError("a static (shape-changing) setting must be Categorical or a small Int range")
+    raise StudyError(f"space[{name!r}] is a static (shape-changing) setting: it must be Categorical or an Int "
+                     f"range of at most 65 values, got {type(dist).__name__}")
 
 
 def static_points(study: Study, config_fields: set[str]) -> Iterator[dict[str, Any]]:
@@ -259,7 +260,7 @@ def static_points(study: Study, config_fields: set[str]) -> Iterator[dict[str, A
     """
     static = study.static_names(config_fields)
     try:
-        grids = [_static_choices(study.space[n]) for n in static]
+        grids = [_static_choices(n, study.space[n]) for n in static]
     except StudyError as err:
         raise StudyError(f"study {study.name}: {err}") from None
     for combo in itertools.product(*grids):

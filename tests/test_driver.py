@@ -120,7 +120,7 @@ def test_settings__a_resumed_study_keeps_its_shape_and_may_grow_its_trials(tmp_p
 @pytest.mark.parametrize("options, expect", [
     (dict(checkpoint_every="soon"), r"--checkpoint-every 'soon': give seconds \('60s'\), chunks"),
     (dict(device_memory="lots"), r"--device-memory 'lots' is not a size"),
-    (dict(timesteps=0), r"timesteps must be >= 1, got 0"),
+    (dict(timesteps=0), r"^--timesteps must be >= 1, got 0$"),
     (dict(scheduler="pbt", configs_per_trial=2), r"needs --configs-per-trial >= 4, got 2"),
     (dict(scheduler="pbt", timesteps=20480), r"exploits every 4 chunks but a trial runs 4"),
 ])

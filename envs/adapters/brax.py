@@ -36,9 +36,25 @@ class BraxParams:
 
 
 @functools.cache
-def _inner(name: str, backend: str | None, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    from brax import envs as brax_envs
+def _brax_envs() -> Any:
+    """``brax.envs``, imported without the lines MuJoCo prints on stdout when its optional GPU
+    backend (``warp``) is not installed ("Failed to import warp: ..."); anything else it prints
+    is printed."""
+    import contextlib
+    import io
 
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        from brax import envs as brax_envs
+    for line in out.getvalue().splitlines():
+        if not line.startswith(("Failed to import warp:", "Failed to import mujoco_warp:")):
+            print(line)
+    return brax_envs
+
+
+@functools.cache
+def _inner(name: str, backend: str | None, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    brax_envs = _brax_envs()
     extra = dict(kwargs)
     if backend is not None:
         extra["backend"] = backend
@@ -81,7 +97,7 @@ class BraxEnv(Environment):
 def make_brax(name: str, backend: str | None = None, max_steps: int | None = None,
               **kwargs: Any) -> tuple[Environment, Any]:
     """``"NAME"`` or ``"NAME:BACKEND"``; other keyword arguments go to Brax's constructor."""
-    from brax import envs as brax_envs
+    brax_envs = _brax_envs()
 
     if ":" in name:
         name, backend = name.split(":", 1)
