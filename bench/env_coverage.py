@@ -1,7 +1,7 @@
 """Coverage of the adapter registries: does every gymnax, Jumanji and Brax env train here?
 
     python bench/env_coverage.py [--libraries gymnax jumanji brax] [--only NAME ...] [--csv out.csv]
-                                 [--brax-backend positional]
+                                 [--brax-backend positional] [--draws-only]
 
 Each env goes through what a study does with it, in a process of its own (an env that hangs costs
 its row after ``--timeout`` s, not the sweep) (``harness.coverage.probe``): ``envs.make`` and
@@ -51,6 +51,32 @@ def _probe_apart(name: str, timeout: float) -> list[Row]:
     return [Row(**json.loads(ln)) for ln in lines]
 
 
+def _sweep_draws(names: list[str], libraries: list[str]) -> None:
+    """Whether ``harness.play`` draws each env: one row each, with the reason where it does not."""
+    import envs
+    from harness.coverage import draws
+    from harness.render import use_offscreen_gl
+
+    use_offscreen_gl()  # before Brax imports MuJoCo
+    print("| env | drawn by play | s |")
+    print("|---|---|---|", flush=True)
+    drawn: dict[str, list[bool]] = {lib: [] for lib in libraries}
+    t0 = time.perf_counter()
+    for name in names:
+        t = time.perf_counter()
+        try:
+            env, params = envs.make(name)
+        except ValueError as err:  # envs.UnknownEnvError: refused when made (Sokoban, MNISTBandit ...)
+            found = f"not made: {str(err).splitlines()[0]}"
+        else:
+            found = draws(env, params)
+        drawn[name.split(":", 1)[0]].append(found == "yes")
+        print(f"| {name} | {found} | {time.perf_counter() - t:.1f} |", flush=True)
+    print(f"\nswept in {time.perf_counter() - t0:.0f} s")
+    for lib, got in drawn.items():
+        print(f"{lib}: harness.play draws {sum(got)}/{len(got)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--libraries", nargs="+", default=list(LIBRARIES), choices=LIBRARIES)
@@ -62,6 +88,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="seconds one env may take (default 600)")
     ap.add_argument("--same-process", action="store_true",
                     help="probe every env in this process (faster; no timeout, a hang stops the sweep)")
+    ap.add_argument("--draws-only", action="store_true",
+                    help="only whether harness.play draws each env (its reset state; no trial, one process)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: probe this env, rows as JSON lines
     args = ap.parse_args()
     if args.one:
@@ -74,13 +102,17 @@ def main() -> None:
             found = registry(lib)
         except ImportError as err:
             sys.exit(f"{lib} is not installed ({err.name} missing): pip install -e '.[test]'")
-        names += [f"{n}:{args.brax_backend}" for n in found] if lib == "brax" and args.brax_backend else found
+        backend = args.brax_backend if lib == "brax" and not args.draws_only else ""  # drawn on its own
+        names += [f"{n}:{backend}" for n in found] if backend else found
     if args.only:
         outside = [n for n in args.only if n.split(":", 1)[0] not in args.libraries]
         if outside:
             sys.exit(f"--only {' '.join(outside)}: not in the libraries swept ({', '.join(args.libraries)})")
         names = list(args.only)
     print(f"{len(names)} envs; jax {jax.__version__} on {jax.devices()[0].platform}", flush=True)
+    if args.draws_only:
+        _sweep_draws(names, args.libraries)
+        return
     print("| env | algo | status | actions | obs | compile s | steps/s | return | drawn by play | reason |")
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     rows: list[Row] = []

@@ -41,9 +41,9 @@ def registry(library: str) -> list[str]:
 
         return [f"jumanji:{n}" for n in sorted(jumanji.registered_environments())]
     if library == "brax":
-        from brax import envs as brax_envs
+        from envs.adapters.brax import brax_envs
 
-        return [f"brax:{n}" for n in sorted(brax_envs._envs) if n != "fast"]  # "fast": Brax's test stub
+        return [f"brax:{n}" for n in sorted(brax_envs()._envs) if n != "fast"]  # "fast": Brax's test stub
     raise ValueError(f"unknown library {library!r}; choose from {', '.join(LIBRARIES)}")
 
 
@@ -99,7 +99,7 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
         t = time.perf_counter()
         try:
             result = run_trial(plan)
-        except Exception as err:  # what a trial would record: the reason in one line
+        except Exception as err:  # the reason in one line
             row.status, row.reason = "failed", first_line(err)
             row.compile_s = time.perf_counter() - t
         else:
@@ -117,14 +117,17 @@ def draws(env: Any, params: Any) -> str:
     would be, not one flat colour), else why not, in one line."""
     import jax
 
+    from envs.check import first_line
     from harness.render import RENDERERS, RenderError, drawn_from_states, state_frames
 
     from_states = drawn_from_states(env.name)
     if env.name not in RENDERERS and not from_states:
         return "no renderer"
-    obs, state = jax.device_get(jax.jit(env.reset)(jax.random.key(0), params))
     try:
+        obs, state = jax.device_get(jax.jit(env.reset)(jax.random.key(0), params))
         (img,) = state_frames(env, params, [state]) if from_states else [RENDERERS[env.name](obs, params)]
     except RenderError as err:
         return str(err)
+    except Exception as err:  # noqa: BLE001 - a row says what failed; the sweep goes on
+        return first_line(err)
     return "yes" if np.asarray(img).std() > 1.0 else "its picture of the reset state is one flat colour"

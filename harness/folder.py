@@ -217,7 +217,8 @@ class ResultsFolder:
     def read_trials(self) -> tuple[list[dict[str, Any]], list[str]]:
         """The readable trial records by trial number, and one line for each file that is not one
         (truncated, corrupt, or missing a field), naming it."""
-        records, problems, seen = [], [], {}
+        records: dict[int, tuple[Path, dict[str, Any]]] = {}
+        problems = []
         for path in sorted((self.root / "trials").glob("*.json")):
             try:
                 rec = read_json(path)
@@ -229,15 +230,19 @@ class ResultsFolder:
                     missing = ["configs"]
                 if missing:
                     raise RecordsError(f"{path} is not a trial record (no valid {', '.join(missing)})")
-                if rec["trial"] in seen:
-                    raise RecordsError(f"{path} is not a trial record of its own (trial {rec['trial']} "
-                                       f"again, as in {seen[rec['trial']].name})")
             except (RecordsError, OSError) as err:
                 problems.append(str(err))
                 continue
-            seen[rec["trial"]] = path
-            records.append(rec)
-        return sorted(records, key=lambda r: r["trial"]), problems
+            if rec["trial"] in records:  # a trial in two files: the one in the trial's own file is kept
+                first = records[rec["trial"]][0]
+                own = path.name == self.trial_file(rec["trial"]).name
+                keep, drop = (path, first) if own else (first, path)
+                problems.append(f"{drop} is not a trial record of its own (trial {rec['trial']} again, as in "
+                                f"{keep.name})")
+                if not own:
+                    continue
+            records[rec["trial"]] = (path, rec)
+        return [rec for _, (_, rec) in sorted(records.items())], problems
 
     def trials(self) -> list[dict[str, Any]]:
         """Every readable trial record, by trial number. A file that cannot be read is left out
@@ -384,7 +389,7 @@ def _read_derived(path: Path, key: str) -> dict[str, Any]:
 
 # what each entry of final.json's configs and ablation.json's steps must hold (as the reports read them)
 _DERIVED_ENTRY = {"configs": {"config_id": str, "scores": _LIST_OR_NONE, "diverged": _LIST_OR_NONE},
-                  "steps": {"param": str}}
+                  "steps": {"param": (str, type(None))}}  # step 0, the default: no param
 
 
 def as_folder(where: ResultsFolder | Path | str) -> ResultsFolder:

@@ -96,18 +96,24 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
                         f"{', '.join(f'{lib}:*' for lib in LIBRARIES_DRAWN)} env its library draws")
     if gif is not None and policy["env"].startswith("brax:"):
         use_offscreen_gl()  # before Brax imports MuJoCo
-    try:  # a kept policy that was changed or damaged on disk, or made by another version
+    try:  # a kept policy changed or damaged on disk, or written by another version
         params = serialization.msgpack_restore(path.read_bytes())
+    except Exception as err:  # noqa: BLE001 - msgpack raises many kinds for bytes it cannot read
+        raise PlayError(f"the kept policy {path} cannot be read ({first_line(err)})") from None
+    try:
         cfg = build_config(policy["algo"], policy["config"])
         algo = make_algo(policy["env"], policy["algo"], cfg)
         env, env_params = envs.make(policy["env"])
-        info = next(s for s in policy["seeds"] if s["seed"] == seed)
-        eval_key = keys_for(TrialPlan(**info["plan"]))[1][info["config_index"], info["seed_index"]]
+    except (ValueError, TypeError, KeyError, ImportError) as err:  # unknown names, a missing library ...
+        raise PlayError(f"the study's {policy['algo']} on {policy['env']} cannot be made here "
+                        f"({first_line(err)})") from None
+    info = next(s for s in policy["seeds"] if s["seed"] == seed)
+    eval_key = keys_for(TrialPlan(**info["plan"]))[1][info["config_index"], info["seed_index"]]
+    try:
         again = evaluate_policy(env, env_params, lambda o, m, k: algo.act(params, o, m, k), eval_key,
                                 cfg.eval_episodes)
-    except Exception as err:  # noqa: BLE001 - whatever it is, it is this policy's files: said in one line
-        raise PlayError(f"the policy kept in {path} cannot be loaded and re-evaluated "
-                        f"({first_line(err)})") from None
+    except Exception as err:  # noqa: BLE001 - flax says so when the parameters do not fit the network
+        raise PlayError(f"the kept policy {path} does not fit its network ({first_line(err)})") from None
 
     episode = _episode(env, env_params, jax.jit(algo.act), params, episode_seed,
                        keep_states=gif is not None and from_states)

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from envs.adapters import LIBRARIES
+
 
 def _cartpole(obs: np.ndarray, params: Any) -> Any:
     from PIL import Image, ImageDraw
@@ -176,7 +178,7 @@ def brax_frames(env: Any, states: list[Any], *, width: int = 320, height: int = 
     return frames
 
 
-LIBRARIES_DRAWN = ("brax", "jumanji", "gymnax")  # adapters whose envs are drawn from their states
+LIBRARIES_DRAWN = LIBRARIES  # every adapter's envs are drawn from their states, by its library
 
 
 def drawn_from_states(env_id: str) -> bool:

@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a file where a reports folder goes, no permission, a full disk ...
-        print(f"error: cannot write the reports: {err.strerror or err}: {err.filename}", file=sys.stderr)
+        where = f": {err.filename}" if err.filename else ""
+        print(f"error: the reports cannot be built: {err.strerror or err}{where}", file=sys.stderr)
         return 2
     for p in paths.values():
         print(p)

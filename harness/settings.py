@@ -297,17 +297,6 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
                         ("--device-memory", options.device_memory)):
         if value is not None and not value.strip():
             raise StudyError(f"{flag} is empty: give a value or leave it out")
-    if options.address:  # before Ray starts, and before --fresh moves the old results aside
-        from harness.cluster import ClusterError, check_address
-
-        try:
-            check_address(options.address)
-        except ClusterError as err:
-            raise StudyError(str(err)) from None
-    if options.storage:  # opened now: a URL that cannot be opened is said before Ray starts
-        from harness.storage import free_study_name
-
-        free_study_name(study.name, options.storage)
     scheduler = options.scheduler or study.scheduler
     if options.top_k is not None:
         if options.top_k < 0:
@@ -344,7 +333,24 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
         if scheduler == "pbt":
             validate_pbt(study, fields, configs_per_trial=budget.configs_per_trial,
                          chunks=min(settings.chunks(budget)))
+    _check_reachable(options)  # last: the checks above need no network
     return settings
+
+
+def _check_reachable(options: Options) -> None:
+    """The cluster and the Optuna storage the user named answer now: said before Ray starts (and
+    before --fresh moves old results aside), in one line."""
+    if options.address:
+        from harness.cluster import ClusterError, check_address
+
+        try:
+            check_address(options.address)
+        except ClusterError as err:
+            raise StudyError(str(err)) from None
+    if options.storage:
+        from harness.storage import check_storage
+
+        check_storage(options.storage)
 
 
 def resolve_budget(study: Study, options: Options, kind: str, stored: StudyMeta | None,

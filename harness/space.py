@@ -101,7 +101,7 @@ class PBT:
 
 
 SCHEDULERS = ("asha", "lanes", "pbt", "none")
-_FOLDER_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a study's name is its results folder's
+_FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a study's name is its results folder's
 METRICS = ("mean", "iqm")  # a configuration's score over its seeds (harness.stats.config_score)
 DIRECTIONS = ("maximize", "minimize")
 
@@ -179,8 +179,8 @@ class Study:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _FOLDER_NAME.fullmatch(self.name):
-            raise StudyError(f"study name {self.name!r} must name its results folder: letters, digits, '-', '_' "
-                             "and '.', not starting with '.'")
+            raise StudyError(f"study name {self.name!r} must name its results folder: letters, digits, '_', "
+                             "'-' and '.', starting with a letter, digit or '_'")
         if self.direction is None:  # frozen: set once, here
             object.__setattr__(self, "direction", "minimize" if self.objective == "steps" else "maximize")
         _check_shape(self)

@@ -59,6 +59,27 @@ def storage_error(url: str, err: BaseException) -> StudyError:
     return StudyError(f"cannot open Optuna storage {url!r}: {str(err).splitlines()[0]}")
 
 
+def check_storage(url: str) -> None:
+    """That the storage at ``url`` can be opened: connected to once and let go (no tables made,
+    nothing kept open). An SQLite file is made where its URL says when the study first opens it.
+
+    Raises:
+        StudyError: it cannot be opened (an unknown database kind, a server that does not answer).
+    """
+    if url.startswith("sqlite:///"):
+        return
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(url)
+        try:
+            engine.connect().close()
+        finally:
+            engine.dispose()
+    except Exception as err:  # sqlalchemy raises many kinds for a bad URL
+        raise storage_error(url, err) from None
+
+
 def free_study_name(name: str, url: str) -> str:
     """``name``, or where the storage at ``url`` holds a study of that name already, the first
     free ``name-2``, ``name-3``, ...

@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, help="training seeds S per configuration")
     p.add_argument("--timesteps", type=int, help="env steps per seed")
     p.add_argument("--out", default="results", help="results folder (default: results/)")
-    p.add_argument("--address", help="an existing Ray cluster ('auto' or host:port); default: embedded local Ray")
+    p.add_argument("--address", help="an existing Ray cluster ('auto', host:port or ray://host:port); "
+                                     "default: embedded local Ray")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the results folder)")
     p.add_argument("--sampler", choices=("tpe", "random", "qmc"), default="tpe",
                    help="Optuna sampler proposing configurations (default: tpe)")

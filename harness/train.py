@@ -105,8 +105,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
     if args.config_key is not None and min(args.config_key, args.seed) < 0:
-        raise UsageError(f"--config-key and --seed must be >= 0 with --config-key (a study's seed and an "
-                         f"Optuna number), got {args.config_key} and {args.seed}")
+        raise UsageError(f"--config-key and --seed must be >= 0 with --config-key (an Optuna number and a "
+                         f"study's seed), got {args.config_key} and {args.seed}")
     config_kw, hp_kw = split_overrides(spec, args.set)
     if args.timesteps is not None:
         config_kw["total_timesteps"] = args.timesteps
@@ -176,8 +176,9 @@ def _schedule(path: str, spec: Any, num_chunks: int) -> dict[int, dict[str, floa
         if unknown := set(h) - known:
             raise UsageError(f"--schedule {path}: chunk {k} sets unknown hyperparameters "
                              f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-        if not 1 <= k <= num_chunks:
-            raise UsageError(f"--schedule {path}: chunk {k} is not in this run (chunks 1 to {num_chunks})")
+        if not 1 <= k < num_chunks:  # in effect after chunk k: the last chunk has none after it
+            raise UsageError(f"--schedule {path}: chunk {k} is not in this run (chunks 1 to {num_chunks - 1} "
+                             f"have one after them)")
         for name, value in h.items():
             if why := out_of_range(spec.hparams_cls, name, value):
                 raise UsageError(f"--schedule {path}: chunk {k}: {why}")

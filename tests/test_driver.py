@@ -209,8 +209,9 @@ def test_settings__each_results_folder_has_its_own_optuna_study_in_a_shared_stor
     old = StudyMeta(study="cartpole_ppo")  # written before the name was stored
     resumed = settings_for(study, tmp_path / "c", storage=url).with_optuna_study(old, own_storage=False)
     assert resumed.optuna_name == "cartpole_ppo"
-    with pytest.raises(StudyError, match=r"^cannot open Optuna storage 'nosuchdb://x': "):
-        settings_for(study, tmp_path / "d", storage="nosuchdb://x").with_optuna_study(None, own_storage=False)
+    with pytest.raises(StudyError, match=r"^cannot open Optuna storage 'nosuchdb://x': "):  # (resolve says so too)
+        dataclasses.replace(settings_for(study, tmp_path / "d"), storage="nosuchdb://x").with_optuna_study(
+            None, own_storage=False)
 
 
 def test_settings__a_results_folder_that_cannot_be_written_is_one_line_and_nothing_is_left_made(tmp_path):
@@ -648,12 +649,12 @@ def test_study_cli__flags_that_cannot_work_are_one_line_before_ray_and_fresh_mov
 
     from harness import study as cli
 
-    with socket.socket() as s:  # a loopback port nothing listens on
+    ResultsFolder(tmp_path / "cartpole_ppo").write_meta(StudyMeta(study="cartpole_ppo"))
+    with socket.socket() as s:  # a loopback port held, never listening, for the whole call
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    ResultsFolder(tmp_path / "cartpole_ppo").write_meta(StudyMeta(study="cartpole_ppo"))
-    argv = ["cartpole_ppo", "--fresh", "--out", str(tmp_path), *[a.format(closed=closed) for a in args]]
-    assert cli.main(argv) == 2
+        argv = ["cartpole_ppo", "--fresh", "--out", str(tmp_path), *[a.format(closed=closed) for a in args]]
+        assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and expect.format(closed=closed) in err, err
     assert [p.name for p in tmp_path.iterdir()] == ["cartpole_ppo"]

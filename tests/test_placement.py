@@ -4,6 +4,7 @@ line, one that cannot fit at all."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -176,8 +177,9 @@ def test_fit_trials__a_study_of_fewer_trials_than_cores_shares_them_on_the_embed
 
     four = Placement("cpu", {"cpu": 1}, 4, {"cache_dir": "/x", "pin_cores": True, "cpus": 1})
 
-    def fit(**options):
-        settings = settings_for(studies.get("cartpole_ppo"), tmp_path, **options)
+    def fit(address=None, **options):  # (an address set after resolve, which would check that it answers)
+        settings = dataclasses.replace(settings_for(studies.get("cartpole_ppo"), tmp_path, **options),
+                                       address=address)
         return cluster.fit_trials(settings, settings.budget("cpu"), four, say=print)
 
     one, two, six = fit(trials=1), fit(trials=2), fit(trials=6)

@@ -6,6 +6,7 @@ The GIF itself (one frame per step plus the first) is checked end to end in test
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -132,6 +133,7 @@ def test_render__an_env_its_library_cannot_draw_is_one_clear_error():
 def test_play__a_folder_or_kept_policy_it_cannot_use_is_one_line(tmp_path, capsys):
     """What ``python -m harness.play`` says for a folder that is not a study's, and for a kept
     policy changed or damaged on disk: one line each, exit status 2 (no traceback)."""
+    pytest.importorskip("gymnax")
     from harness.play import main
 
     def said(folder):
@@ -149,10 +151,17 @@ def test_play__a_folder_or_kept_policy_it_cannot_use_is_one_line(tmp_path, capsy
     (kept / "policy.json").write_text(policy.replace('"seeds"', '"sedes"'))
     assert said(tmp_path).endswith("policy.json is not a kept policy's policy.json (KeyError: 'seeds')")
     (kept / "policy.json").write_text(policy.replace('"CartPole-v1"', '"gymnax:Cartpole-v1"'))
-    assert "cannot be loaded and re-evaluated (UnknownEnvError: unknown gymnax env 'Cartpole-v1'" in said(tmp_path)
+    assert ("the study's ppo on gymnax:Cartpole-v1 cannot be made here (UnknownEnvError: unknown gymnax env "
+            "'Cartpole-v1'") in said(tmp_path)
     (kept / "policy.json").write_text(policy)
+    weights = (kept / "seed_0.msgpack").read_bytes()
     (kept / "seed_0.msgpack").write_bytes(b"\x93garbage")
-    assert "seed_0.msgpack cannot be loaded and re-evaluated (" in said(tmp_path)
+    assert said(tmp_path).startswith(f"error: the kept policy {kept / 'seed_0.msgpack'} cannot be read (")
+    other = json.loads(policy)
+    other["config"]["hidden"] = [8, 8]  # a layer more than the kept parameters have
+    (kept / "policy.json").write_text(json.dumps(other))
+    (kept / "seed_0.msgpack").write_bytes(weights)
+    assert f"error: the kept policy {kept / 'seed_0.msgpack'} does not fit its network (" in said(tmp_path)
 
 
 def test_render__no_opengl_for_mujoco_is_one_clear_error(tmp_path):

@@ -241,7 +241,7 @@ def test_report__values_a_study_cannot_have_and_files_where_folders_go_are_one_l
     (tmp_path / "reports").write_text("")  # a file where the reports folder goes
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == f"error: cannot write the reports: File exists: {tmp_path / 'reports'}", err
+    assert err.strip() == f"error: the reports cannot be built: File exists: {tmp_path / 'reports'}", err
 
 
 def test_report__records_of_the_wrong_shape_or_a_trial_recorded_twice_are_named_and_left_out(tmp_path, capsys):
@@ -252,6 +252,7 @@ def test_report__records_of_the_wrong_shape_or_a_trial_recorded_twice_are_named_
         write_json(tmp_path / "trials" / f"{t:04d}.json",
                    _record(t, "complete", [[10.0 + t, 20.0], [30.0, 40.0]], [[False, False], [False, False]]))
     write_json(tmp_path / "trials" / "0002.json", _record(0, "complete", [[1.0, 2.0]] * 2, [[False] * 2] * 2))
+    write_json(tmp_path / "trials" / "0000.bak.json", _record(0, "complete", [[3.0, 4.0]] * 2, [[False] * 2] * 2))
     wrong = _record(3, "complete", [[1.0, 2.0]] * 2, [[False] * 2] * 2)
     wrong["configs"][1]["scores"] = 7
     write_json(tmp_path / "trials" / "0003.json", wrong)
@@ -259,6 +260,7 @@ def test_report__records_of_the_wrong_shape_or_a_trial_recorded_twice_are_named_
     assert report.main([str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "0002.json is not a trial record of its own (trial 0 again, as in 0000.json)" in err
+    assert "0000.bak.json is not a trial record of its own (trial 0 again, as in 0000.json)" in err
     assert "0003.json is not a trial record (no valid configs)" in err
     assert "final.json is not the study's final.json (no valid configs)" in err and "Traceback" not in err
     configs = pd.read_csv(tmp_path / "reports" / "configs.csv")

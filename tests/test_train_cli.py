@@ -32,7 +32,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     (["--config-key", "-1"], "--config-key and --seed must be >= 0 with --config-key"),
     (["--config-key", "0", "--seed", "-2"], "got 0 and -2"),
     (["--schedule", ""], "--schedule : No such file or directory"),  # not "no schedule": a run of its own
-    (["--schedule", "{tmp}/early.json"], "chunk 0 is not in this run (chunks 1 to 98)"),
+    (["--schedule", "{tmp}/early.json"], "chunk 0 is not in this run (chunks 1 to 97 have one after them)"),
     (["--schedule", "{tmp}/negative.json"], "chunk 3: lr=-0.001 is outside (0, inf)"),
 ])
 def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect, capsys, monkeypatch, tmp_path):

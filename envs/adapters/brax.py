@@ -36,7 +36,7 @@ class BraxParams:
 
 
 @functools.cache
-def _brax_envs() -> Any:
+def brax_envs() -> Any:
     """``brax.envs``, imported without the lines MuJoCo prints on stdout when its optional GPU
     backend (``warp``) is not installed ("Failed to import warp: ..."); anything else it prints
     is printed."""
@@ -54,11 +54,11 @@ def _brax_envs() -> Any:
 
 @functools.cache
 def _inner(name: str, backend: str | None, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    brax_envs = _brax_envs()
+    registry = brax_envs()
     extra = dict(kwargs)
     if backend is not None:
         extra["backend"] = backend
-    return brax_envs.get_environment(name, **extra)
+    return registry.get_environment(name, **extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +97,10 @@ class BraxEnv(Environment):
 def make_brax(name: str, backend: str | None = None, max_steps: int | None = None,
               **kwargs: Any) -> tuple[Environment, Any]:
     """``"NAME"`` or ``"NAME:BACKEND"``; other keyword arguments go to Brax's constructor."""
-    brax_envs = _brax_envs()
-
+    registry = brax_envs()
     if ":" in name:
         name, backend = name.split(":", 1)
-    known = sorted(n for n in brax_envs._envs if n != "fast")  # "fast" is Brax's test stub
+    known = sorted(n for n in registry._envs if n != "fast")  # "fast" is Brax's test stub
     if name not in known:
         raise ValueError(f"unknown brax env {name!r}; brax envs: {', '.join(known)}")
     if backend is not None and backend not in BACKENDS:
