@@ -55,9 +55,7 @@ def _sweep_draws(names: list[str], libraries: list[str]) -> None:
     """Whether ``harness.play`` draws each env: one row each, with the reason where it does not."""
     import envs
     from harness.coverage import draws
-    from harness.render import use_offscreen_gl
 
-    use_offscreen_gl()  # before Brax imports MuJoCo
     print("| env | drawn by play | s |")
     print("|---|---|---|", flush=True)
     drawn: dict[str, list[bool]] = {lib: [] for lib in libraries}
@@ -96,6 +94,10 @@ def main() -> None:
         for row in probe(args.one):
             print(json.dumps(dataclasses.asdict(row)), flush=True)
         return
+    if "brax" in args.libraries:  # before Brax (registry) imports MuJoCo, which reads MUJOCO_GL once
+        from harness.render import use_offscreen_gl
+
+        use_offscreen_gl()
     names: list[str] = []
     for lib in args.libraries:
         try:
