@@ -83,9 +83,10 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
 
     import envs
     from algos.common import evaluate_policy
+    from envs.adapters import LIBRARIES
     from envs.check import first_line
     from harness.kernel import TrialPlan, build_config, keys_for, make_algo
-    from harness.render import LIBRARIES_DRAWN, RENDERERS, drawn_from_states, use_offscreen_gl
+    from harness.render import RENDERERS, drawn_from_states, use_offscreen_gl
 
     if gif is not None and not Path(gif).resolve().parent.is_dir():  # said now, not after the episode
         raise PlayError(f"cannot write {gif}: no folder {Path(gif).resolve().parent}")
@@ -93,7 +94,7 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     from_states = drawn_from_states(policy["env"])
     if gif is not None and policy["env"] not in RENDERERS and not from_states:
         raise PlayError(f"no renderer for {policy['env']}; renderers: {', '.join(RENDERERS)} and every "
-                        f"{', '.join(f'{lib}:*' for lib in LIBRARIES_DRAWN)} env its library draws")
+                        f"{', '.join(f'{lib}:*' for lib in LIBRARIES)} env its library draws")
     if gif is not None and policy["env"].startswith("brax:"):
         use_offscreen_gl()  # before Brax imports MuJoCo
     try:  # a kept policy changed or damaged on disk, or written by another version

@@ -178,12 +178,10 @@ def brax_frames(env: Any, states: list[Any], *, width: int = 320, height: int = 
     return frames
 
 
-LIBRARIES_DRAWN = LIBRARIES  # every adapter's envs are drawn from their states, by its library
-
-
 def drawn_from_states(env_id: str) -> bool:
-    """Whether ``env_id`` (``envs.make``'s name) is drawn from its env states by its library."""
-    return env_id.split(":", 1)[0] in LIBRARIES_DRAWN
+    """Whether ``env_id`` (``envs.make``'s name) is drawn from its env states by its library: every
+    adapter's env (``envs.adapters.LIBRARIES``)."""
+    return env_id.split(":", 1)[0] in LIBRARIES
 
 
 def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 320) -> list[Any]:
@@ -239,7 +237,7 @@ def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 3
         finally:
             plt.close(vis.fig)
     raise RenderError(f"no library draws {env.name}; drawn from their states: "
-                      f"{', '.join(f'{lib}:*' for lib in LIBRARIES_DRAWN)}")
+                      f"{', '.join(f'{lib}:*' for lib in LIBRARIES)}")
 
 
 def _offscreen_pyplot() -> Any:

@@ -178,9 +178,6 @@ class Study:
     source: str | None = None  # the study file it came from (set by studies.load_file)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _FOLDER_NAME.fullmatch(self.name):
-            raise StudyError(f"study name {self.name!r} must name its results folder: letters, digits, '_', "
-                             "'-' and '.', starting with a letter, digit or '_'")
         if self.direction is None:  # frozen: set once, here
             object.__setattr__(self, "direction", "minimize" if self.objective == "steps" else "maximize")
         _check_shape(self)
@@ -206,13 +203,21 @@ def _check_shape(study: Study) -> None:
     in a trial (what the values must be for the algorithm: :func:`validate`).
 
     Raises:
-        StudyError: a field of the wrong type, an empty search space, or a distribution whose
-            bounds are not finite numbers (an integer range's: integers; a log scale's: above 0).
+        StudyError: a field of the wrong type, a name that cannot be a folder's, a seed, top_k or
+            final_seeds out of range, an empty search space, or a distribution whose bounds are not
+            finite numbers (an integer range's: integers; a log scale's: above 0).
     """
     where = f"study {study.name}"
     for name in ("name", "algo"):
         if not isinstance(getattr(study, name), str):
             raise StudyError(f"{where}: {name} must be a string, got {getattr(study, name)!r}")
+    if not _FOLDER_NAME.fullmatch(study.name):
+        raise StudyError(f"study name {study.name!r} must name its results folder: letters, digits, '_', "
+                         "'-' and '.', starting with a letter, digit or '_'")
+    for name, least in (("seed", 0), ("top_k", 0), ("final_seeds", 1)):
+        value = getattr(study, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise StudyError(f"{where}: {name} must be a whole number >= {least}, got {value!r}")
     for name in ("space", "config", "hparams", "baseline"):
         if not isinstance(getattr(study, name), dict):
             raise StudyError(f"{where}: {name} must be a dict of setting names, got {getattr(study, name)!r}")
@@ -309,10 +314,6 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         StudyError: an unknown name, an empty range, or a combination of static choices that
             the algorithm rejects (e.g. ``num_minibatches`` not dividing the batch).
     """
-    for field_name, least in (("seed", 0), ("top_k", 0), ("final_seeds", 1)):
-        value = getattr(study, field_name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise StudyError(f"study {study.name}: {field_name} must be a whole number >= {least}, got {value!r}")
     config_fields = {f.name for f in dataclasses.fields(config_cls)}
     hp_fields = {f.name for f in dataclasses.fields(hparams_cls)}
     known = sorted(config_fields | hp_fields)

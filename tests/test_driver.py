@@ -147,6 +147,9 @@ def test_settings__lanes_need_evaluations_during_training_to_judge_configuration
     (dict(space=dict(num_minibatches=Int(2, 8.5))), r"space\['num_minibatches'\] bounds must be integers"),
     (dict(cpu=dict(trials=2, configs_per_trial=2, seeds=1, timesteps=1)), r"cpu must be a harness.space.Budget"),
     (dict(config=["num_envs", 4]), r"config must be a dict of setting names"),
+    (dict(seed=-1), r"seed must be a whole number >= 0, got -1"),
+    (dict(top_k=-1), r"top_k must be a whole number >= 0, got -1"),
+    (dict(final_seeds=0), r"final_seeds must be a whole number >= 1, got 0"),
 ])
 def test_study__a_field_of_the_wrong_shape_is_refused_where_the_study_is_made(change, expect):
     with pytest.raises(StudyError, match=expect) as err:
@@ -685,16 +688,6 @@ def test_study__a_budget_counts_in_whole_numbers():
         Budget(2.5, 2, 2, 1024)
     with pytest.raises(StudyError, match=r"^budget timesteps must be a whole number, got '10k'$"):
         Budget(2, 2, 2, "10k")
-
-
-@pytest.mark.parametrize("change, expect", [
-    (dict(seed=-1), r"seed must be a whole number >= 0, got -1"),
-    (dict(top_k=-1), r"top_k must be a whole number >= 0, got -1"),
-    (dict(final_seeds=0), r"final_seeds must be a whole number >= 1, got 0"),
-])
-def test_settings__a_seed_or_final_phase_that_cannot_work_is_refused_before_ray(tmp_path, change, expect):
-    with pytest.raises(StudyError, match=expect):
-        settings_for(dataclasses.replace(studies.get("cartpole_ppo"), **change), tmp_path)
 
 
 # -- the shape of the driver ----------------------------------------------------------------------
