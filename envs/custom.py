@@ -118,8 +118,28 @@ def make_from_code(name: str) -> tuple[Environment, Any]:
         except Exception as err:
             raise EnvSpecError(f"env {name!r}: importing {where!r} failed: {type(err).__name__}: {err}") from None
     obj: Any = module
-    for part in attr.split("."):
+    parts = attr.split(".")
+    for k, part in enumerate(parts):
         if not hasattr(obj, part):
-            raise EnvSpecError(f"env {name!r}: {where} has no {attr!r}")
+            inside = ".".join([where, *parts[:k]]) if k else where
+            found = _env_like(obj)
+            has = f"has {', '.join(found)}" if found else "has no env class, env or function"
+            raise EnvSpecError(f"env {name!r}: {where} has no {attr!r}; {inside} {has}")
         obj = getattr(obj, part)
     return build(obj, name)
+
+
+def _env_like(obj: Any) -> list[str]:
+    """The public names of ``obj`` (a module, or a class on the way to ``attr``) that ``build`` could
+    take: Environment classes and instances, and functions defined there (a factory may be one)."""
+    import inspect
+
+    names = []
+    for key in sorted(vars(obj) if hasattr(obj, "__dict__") else dir(obj)):
+        value = getattr(obj, key, None)
+        if key.startswith("_") or value is Environment:
+            continue
+        if (isinstance(value, type) and issubclass(value, Environment) or isinstance(value, Environment)
+                or inspect.isfunction(value) and value.__module__ == getattr(obj, "__name__", None)):
+            names.append(key)
+    return names

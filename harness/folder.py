@@ -219,7 +219,10 @@ class ResultsFolder:
         (truncated, corrupt, or missing a field), naming it."""
         records: dict[int, tuple[Path, dict[str, Any]]] = {}
         problems = []
-        for path in sorted((self.root / "trials").glob("*.json")):
+        folder = self.root / "trials"
+        if folder.exists() and not folder.is_dir():
+            return [], [f"{folder} is not a folder, so no trial record was read"]
+        for path in sorted(folder.glob("*.json")):
             try:
                 rec = read_json(path)
                 missing = [k for k, t in _TRIAL_FIELDS.items() if not isinstance(rec, dict) or

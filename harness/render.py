@@ -3,7 +3,8 @@
 Our envs are drawn from their observations (:data:`RENDERERS`). The adapters' envs are drawn
 from their states by their own libraries (:func:`state_frames`): Brax robots by MuJoCo's
 offscreen renderer, Jumanji envs by their own ``render``, gymnax envs by gymnax's ``Visualizer``
-(matplotlib, off screen)."""
+(matplotlib, off screen), gymnax's classic-control envs by gymnasium's renderer (pygame, off
+screen), as gymnax's Visualizer means to."""
 
 from __future__ import annotations
 
@@ -217,6 +218,8 @@ def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 3
         finally:
             inner.inner.close()
         return frames
+    if library == "gymnax" and inner.inner.name in GYMNASIUM_DRAWN:
+        return gymnasium_frames(inner.inner, env_params.inner, [s.inner for s in states], width=width)
     if library == "gymnax":
         from gymnax.visualize import Visualizer
 
@@ -238,6 +241,50 @@ def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 3
             plt.close(vis.fig)
     raise RenderError(f"no library draws {env.name}; drawn from their states: "
                       f"{', '.join(f'{lib}:*' for lib in LIBRARIES)}")
+
+
+# gymnax's classic-control envs, ports of gymnasium's: gymnax's Visualizer draws them through
+# gym's ``render(mode=...)``, which gymnasium 1.x no longer has, so gymnasium draws them here as
+# gymnax meant it to (gymnax's own state and parameter mapping, ``gymnax.visualize.vis_gym``)
+GYMNASIUM_DRAWN = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0")
+
+
+def gymnasium_frames(env: Any, params: Any, states: list[Any], *, width: int = 320) -> list[Any]:
+    """Pictures of a gymnax classic-control env's states (gymnax's own, host arrays), drawn by
+    gymnasium's renderer of the same env (pygame, off screen), ``width`` pixels wide. Raises
+    RenderError when gymnasium cannot draw (pygame missing: one line saying how to get it)."""
+    from types import SimpleNamespace
+
+    from envs.check import first_line
+
+    for name, value in (("PYGAME_HIDE_SUPPORT_PROMPT", "1"), ("SDL_VIDEODRIVER", "dummy"),
+                        ("SDL_AUDIODRIVER", "dummy")):  # no banner, no window, no sound device
+        os.environ.setdefault(name, value)
+    try:
+        import gymnasium
+        from gymnax.visualize.vis_gym import get_gym_state, set_gym_params
+        from PIL import Image
+
+        drawn = gymnasium.make(env.name, render_mode="rgb_array")
+    except Exception as err:  # noqa: BLE001 - an import or registry error, in one line
+        raise RenderError(f"gymnasium cannot draw gymnax:{env.name} ({first_line(err)})") from None
+    try:
+        drawn.reset(seed=0)
+        plain = drawn.unwrapped
+        set_gym_params(SimpleNamespace(env=plain), env.name, params)  # it sets them on ``.env``
+        frames = []
+        for state in states:
+            values = get_gym_state(state, env.name)
+            if env.name == "Pendulum-v1":
+                plain.last_u = float(values[-1])  # the torque arrow
+            plain.state = values
+            picture = Image.fromarray(drawn.render())
+            frames.append(picture.resize((width, round(picture.height * width / picture.width))))
+        return frames
+    except Exception as err:  # noqa: BLE001 - pygame missing, or a drawing error, in one line
+        raise RenderError(f"gymnasium cannot draw gymnax:{env.name} ({first_line(err)})") from None
+    finally:
+        drawn.close()
 
 
 def _offscreen_pyplot() -> Any:

@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser("python -m harness.report", __doc__)
     parser.add_argument("results", help="a study's results folder, e.g. results/cartpole_ppo")
     args = parser.parse_args(argv)
+    if not args.results.strip():
+        parser.error("the results folder is an empty name; give a study's, e.g. results/cartpole_ppo")
     try:
         paths = build(Path(args.results))
     except RecordsError as err:

@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             import studies
 
+            if args.name:  # a name and --list: which was meant is unclear
+                raise StudyError(f"--list takes no study name (got {args.name!r}); python -m harness.study "
+                                 "--list lists the studies, python -m harness.study NAME runs one")
+
             for name, s in studies.registered().items():
                 print(f"{name:16} {s.description}")
             return 0

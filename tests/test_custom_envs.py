@@ -68,7 +68,8 @@ def test_make__by_import_path_or_file_builds_the_env(corridor_module):
 
 def test_make__bad_code_names_say_what_is_wrong(corridor_module, tmp_path):
     cases = {
-        "corridor_mod:Nope": "has no 'Nope'",
+        "corridor_mod:Nope": "has no 'Nope'; corridor_mod has Corridor, INSTANCE, make_env",  # what it could be
+        "corridor_mod:STUDY.nop": "has no 'STUDY.nop'; corridor_mod.STUDY has env",
         "corridor_mod:NOT_AN_ENV": "must be an envs.Environment",
         f"{tmp_path}/missing.py:Env": "no Python file",
         "no_such_module_xyz:Env": "neither an adapter library",

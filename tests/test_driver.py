@@ -665,7 +665,7 @@ def test_study_cli__flags_that_cannot_work_are_one_line_before_ray_and_fresh_mov
 
 @pytest.mark.parametrize("module, argv", [
     ("study", ["cartpole_ppo", "--scheduler", "bogus"]), ("study", ["cartpole_ppo", "--trails", "3"]),
-    ("report", []), ("play", ["results/x", "--seed", "one"]), ("train", ["--seeds", "x"]),
+    ("report", []), ("report", [""]), ("play", ["results/x", "--seed", "one"]), ("train", ["--seeds", "x"]),
 ])
 def test_clis__a_command_line_argparse_refuses_is_one_line_not_the_usage(module, argv, capsys):
     import importlib
@@ -675,6 +675,16 @@ def test_clis__a_command_line_argparse_refuses_is_one_line_not_the_usage(module,
     err = capsys.readouterr().err
     assert out.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith("error: ") and err.rstrip().endswith(f"(python -m harness.{module} --help for usage)")
+
+
+def test_study_cli__list_with_a_study_name_is_one_line_not_a_list(capsys):
+    from harness import study
+
+    assert study.main(["--list", "cartpole_ppo"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ("error: --list takes no study name (got 'cartpole_ppo'); python -m "
+                                         "harness.study --list lists the studies, python -m harness.study NAME "
+                                         "runs one\n")
 
 
 @pytest.mark.parametrize("name", ["../elsewhere", "", ".hidden", "a b"])

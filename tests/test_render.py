@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jax
 import numpy as np
@@ -105,10 +106,12 @@ def test_play__a_kept_robot_policy_is_re_evaluated_and_drawn_by_mujoco_at_most_2
 
 @pytest.mark.parametrize("env_name, episode_seed", [
     ("jumanji:Minesweeper-v0", 2),  # an episode of 6 clicks (from seed 0: a mine at the first)
-    ("gymnax:Catch-bsuite", 0)])
+    ("gymnax:Catch-bsuite", 0),
+    ("gymnax:CartPole-v1", 0)])  # a classic-control env: gymnasium's renderer, as gymnax's Visualizer means to
 def test_play__a_kept_jumanji_or_gymnax_policy_is_drawn_by_its_own_library(env_name, episode_seed, tmp_path):
-    """Jumanji's ``render`` and gymnax's ``Visualizer`` draw the episode from its states, off screen
-    (no window opens here: pyplot's Agg), one frame per step before the end, 320 pixels wide."""
+    """Jumanji's ``render``, gymnax's ``Visualizer`` and, for gymnax's classic-control envs,
+    gymnasium's renderer draw the episode from its states, off screen (no window opens here:
+    pyplot's Agg, pygame's dummy video driver), one frame per step before the end, 320 pixels wide."""
     pytest.importorskip(env_name.split(":")[0])
     from harness.play import play
 
@@ -127,6 +130,18 @@ def test_render__an_env_its_library_cannot_draw_is_one_clear_error():
     env, params = envs.make("gymnax:DeepSea-bsuite")
     _, state = jax.jit(env.reset)(jax.random.key(0), params)
     with pytest.raises(RenderError, match=r"^gymnax's Visualizer has no picture of gymnax:DeepSea-bsuite$"):
+        state_frames(env, params, [jax.device_get(state)])
+
+
+def test_render__a_classic_control_env_without_pygame_is_one_line_saying_what_to_install(monkeypatch):
+    pytest.importorskip("gymnax")
+    from harness.render import RenderError, state_frames
+
+    env, params = envs.make("gymnax:Acrobot-v1")
+    _, state = jax.jit(env.reset)(jax.random.key(0), params)
+    monkeypatch.setitem(sys.modules, "pygame", None)  # `import pygame` fails, as where it is not installed
+    with pytest.raises(RenderError, match=r"^gymnasium cannot draw gymnax:Acrobot-v1 \(DependencyNotInstalled: "
+                                          r"pygame is not installed, run `pip install .*classic-control.*`\)$"):
         state_frames(env, params, [jax.device_get(state)])
 
 

@@ -242,6 +242,11 @@ def test_report__values_a_study_cannot_have_and_files_where_folders_go_are_one_l
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.strip() == f"error: the reports cannot be built: File exists: {tmp_path / 'reports'}", err
+    (tmp_path / "reports").unlink()
+    (tmp_path / "trials").write_text("")  # a file where the trial records go: said, not read as none
+    assert report.main([str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'trials'} is not a folder, so no trial record was read; left out" in err, err
 
 
 def test_report__records_of_the_wrong_shape_or_a_trial_recorded_twice_are_named_and_left_out(tmp_path, capsys):
