@@ -3,7 +3,7 @@
 Every environment is a frozen (hashable) Python object holding no arrays. Its state and
 parameters are pytrees passed in and out, so environments can be vmapped and jitted freely.
 
-Subclasses implement ``reset_env`` and ``transition``; :meth:`Environment.step` adds the
+Subclasses implement ``reset`` and ``transition``; :meth:`Environment.step` adds the
 time limit and the automatic reset in exactly one place.
 """
 

@@ -51,7 +51,8 @@ def registry(library: str) -> list[str]:
 class Row:
     env: str
     algo: str
-    status: str  # "trains", "refused" (by make or the contract check) or "failed" (in the kernel)
+    status: str  # "trains" (the kernel ran, no run diverged, every run's policy moved), "refused" (by make
+    # or the contract check) or "failed" (in the kernel)
     action_space: str = ""
     obs_shape: str = ""
     reason: str = ""  # one line, for "refused" and "failed"
@@ -76,7 +77,7 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
     import algos
     import envs
     from envs.check import first_line
-    from harness.kernel import TrialPlan, run_trial
+    from harness.kernel import TrialPlan, runner_for
 
     if name.startswith("brax:"):
         from harness.render import use_offscreen_gl
@@ -98,7 +99,12 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
                          hparams=[hparams] * configs)
         t = time.perf_counter()
         try:
-            result = run_trial(plan)
+            runner = runner_for(plan)
+            before = runner.policy_params()
+            while not runner.done:
+                runner.chunk()
+            moved = _changed(before, runner.policy_params())
+            result = runner.finish()
         except Exception as err:  # the reason in one line
             row.status, row.reason = "failed", first_line(err)
             row.compile_s = time.perf_counter() - t
@@ -108,8 +114,19 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
             row.final_return = float(np.nanmean(result.final_returns))
             if result.diverged.any():
                 row.status, row.reason = "failed", "diverged within one chunk at default hyperparameters"
+            elif not moved:
+                row.status, row.reason = "failed", "its policy's parameters did not change in training"
         rows.append(row)
     return rows
+
+
+def _changed(before: Any, after: Any) -> bool:
+    """Whether every run's policy parameters (leaves ``[C, S, ...]``) moved in training."""
+    import jax
+
+    moved = [np.abs(np.asarray(a) - np.asarray(b)).reshape(*np.shape(a)[:2], -1).max(-1) > 0
+             for b, a in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)]
+    return bool(np.logical_or.reduce(moved).all())
 
 
 def draws(env: Any, params: Any) -> str:

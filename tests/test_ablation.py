@@ -45,7 +45,11 @@ def test_importance__the_deciding_hyperparameter_ranks_first_and_the_useless_one
     scopes = set(imp.scope)
     assert scopes == {"all", "mb=4", "mb=8"}, scopes
     assert set(imp[imp.scope == "mb=4"].param) == {"lr", "useless"}
-    assert importance.top(imp, 1) == [("lr", pytest.approx(rows.loc["lr", "importance"], abs=1))]
+    fanova = imp[(imp.scope == "all") & (imp.evaluator == "fanova")].set_index("param")
+    assert importance.top(imp, 1) == [("lr", fanova.loc["lr", "importance"])]  # fanova's, over all configs
+    ped = imp[(imp.scope == "all") & (imp.evaluator == "ped_anova")].set_index("param")
+    assert importance.top(imp, 3, "ped_anova") == [(p, ped.loc[p, "importance"])
+                                                   for p in ped.sort_values("rank").index]
 
 
 def test_importance__too_few_or_pruned_or_diverged_configurations_give_none_and_say_so():

@@ -149,6 +149,17 @@ def test_multidiscrete__an_env_goes_through_the_kernel_a_trial_uses():
     assert row.steps_per_s > 0 and 0.0 <= row.final_return <= 1.0
 
 
+def test_probe__a_policy_that_does_not_move_in_training_is_not_counted_as_training(monkeypatch):
+    """"trains" means training reached the policy: with a learning rate of 0 (an update that never
+    lands, as a broken adapter's rewards or gradients would give) the probe says it failed."""
+    from algos import ppo
+
+    plain = ppo.PPOHParams.default
+    monkeypatch.setattr(ppo.PPOHParams, "default", classmethod(lambda cls, **kw: plain(**{"lr": 0.0, **kw})))
+    (row,) = probe("tests.test_coverage:Bits")
+    assert (row.status, row.reason) == ("failed", "its policy's parameters did not change in training"), row
+
+
 def test_ppo__multidiscrete_learns_one_categorical_per_sub_action_and_obeys_each_rows_mask():
     env, params = Bits(), BitsParams()
     config = ppo.PPOConfig(num_envs=16, num_steps=8, num_minibatches=2, update_epochs=4, updates_per_chunk=40,

@@ -65,13 +65,22 @@ def test_exploit__worst_copy_learner_state_of_the_best_bit_for_bit_then_perturb(
 
 
 def test_exploit__multiplying_stays_inside_the_bounds():
+    """A copy's hyperparameter at a bound, multiplied out of the range (x1.25 at the top, x0.8 at
+    the bottom), is clipped back to the bound; multiplied into the range, it is kept."""
     algo, state, hp = _population()
-    hp = hp.replace(lr=jnp.full(C, 3e-3))  # at the upper bound: x1.25 must clip
     config = PBTConfig(bounds=BOUNDS, fraction=0.5)
-    for seed in range(4):
-        _, new_hp, _ = exploit_explore(jax.random.key(seed), state, hp, jnp.arange(C, dtype=jnp.float32),
-                                       config=config, learner_fields=algo.learner_fields)
-        assert float(new_hp.lr.max()) <= 3e-3 * (1 + 1e-6)
+    (lr, ent) = config.bounds
+    for b, at, inside in ((lr, lr.high, 0.8), (lr, lr.low, 1.25), (ent, ent.high, 0.8)):
+        start = hp.replace(**{b.name: jnp.full(C, at)})
+        ratios = []
+        for seed in range(6):
+            fitness = jnp.arange(C, dtype=jnp.float32)
+            _, new_hp, source = exploit_explore(jax.random.key(seed), state, start, fitness, config=config,
+                                                learner_fields=algo.learner_fields)
+            copied = np.asarray(source) != np.arange(C)
+            ratios += [round(float(x) / at, 4) for x in np.asarray(getattr(new_hp, b.name))[copied]]
+        # clipped (1.0: a copy's factor is never 1) and kept (inside) both happened; nothing left the range
+        assert set(ratios) == {1.0, inside}, (b.name, at, ratios)
 
 
 def test_pbt_config__rejects_settings_that_cannot_work():

@@ -123,6 +123,24 @@ def test_play__a_kept_jumanji_or_gymnax_policy_is_drawn_by_its_own_library(env_n
     assert first.std() > 10 and not np.array_equal(first[below_captions], last[below_captions])
 
 
+@pytest.mark.parametrize("steps, drawn", [(1, 1), (200, 200), (201, 101), (450, 150)])
+def test_play__a_long_episode_is_drawn_in_at_most_200_evenly_spaced_frames(steps, drawn, tmp_path):
+    """An env drawn from its states: every k-th state (k the fewest that keeps 200 or fewer), from the first."""
+    pytest.importorskip("gymnax")
+    from PIL import Image
+
+    from harness.play import Episode, _write_gif
+
+    env, params = envs.make("gymnax:CartPole-v1")
+    _, state = jax.jit(env.reset)(jax.random.key(0), params)
+    state = jax.device_get(state)
+    episode = Episode(obs=[None] * (steps + 1), returns=[float(t) for t in range(steps + 1)],
+                      states=[state] * steps)
+    frames = _write_gif(tmp_path / "long.gif", {"env": "gymnax:CartPole-v1", "config_id": "t0000c0"}, env, params,
+                        episode)
+    assert len(frames) == drawn and Image.open(tmp_path / "long.gif").n_frames == drawn
+
+
 def test_render__an_env_its_library_cannot_draw_is_one_clear_error():
     pytest.importorskip("gymnax")
     from harness.render import RenderError, state_frames

@@ -283,8 +283,10 @@ def test_optuna_storage__one_sqlite_file_holds_under_concurrent_writers(tmp_path
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("*.ready"))) < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
-    go.touch()  # all at once
+    ready = len(list(tmp_path.glob("*.ready")))
+    go.touch()  # all at once (also when some never got ready: the others must not wait forever)
     outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert ready == 8, f"{ready} of 8 writers ready within 120 s, so they did not race:\n" + "\n".join(outs)
     assert [p.returncode for p in procs] == [0] * 8, "\n".join(outs)
     for name in ("s0", "s1"):
         trials = optuna.load_study(study_name=name, storage=url).trials
