@@ -123,7 +123,7 @@ def make_from_code(name: str) -> tuple[Environment, Any]:
         if not hasattr(obj, part):
             inside = ".".join([where, *parts[:k]]) if k else where
             found = _env_like(obj)
-            has = f"has {', '.join(found)}" if found else "has no env class, env or function"
+            has = f"has {', '.join(found)}" if found else "defines no env class, env or function"
             raise EnvSpecError(f"env {name!r}: {where} has no {attr!r}; {inside} {has}")
         obj = getattr(obj, part)
     return build(obj, name)
@@ -136,7 +136,10 @@ def _env_like(obj: Any) -> list[str]:
 
     names = []
     for key in sorted(vars(obj) if hasattr(obj, "__dict__") else dir(obj)):
-        value = getattr(obj, key, None)
+        try:
+            value = getattr(obj, key, None)
+        except Exception:  # noqa: BLE001 - a property that raises: not a candidate
+            continue
         if key.startswith("_") or value is Environment:
             continue
         if (isinstance(value, type) and issubclass(value, Environment) or isinstance(value, Environment)

@@ -187,7 +187,8 @@ def drawn_from_states(env_id: str) -> bool:
 
 def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 320) -> list[Any]:
     """Pictures of an adapter env's states (host arrays, as ``env.reset``/``step`` return them),
-    each ``width`` pixels wide, drawn by the env's own library. Raises RenderError when that
+    each ``width`` pixels wide, drawn by the env's own library (gymnax's classic-control envs by
+    gymnasium's renderer, as gymnax's Visualizer means to). Raises RenderError when that
     library cannot draw this env (one line saying why)."""
     from envs.check import first_line
 
@@ -251,15 +252,21 @@ GYMNASIUM_DRAWN = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0",
 
 def gymnasium_frames(env: Any, params: Any, states: list[Any], *, width: int = 320) -> list[Any]:
     """Pictures of a gymnax classic-control env's states (gymnax's own, host arrays), drawn by
-    gymnasium's renderer of the same env (pygame, off screen), ``width`` pixels wide. Raises
-    RenderError when gymnasium cannot draw (pygame missing: one line saying how to get it)."""
+    gymnasium's renderer of the same env (pygame, off screen: SDL's dummy drivers while drawing),
+    ``width`` pixels wide. Raises RenderError when gymnasium cannot draw (pygame missing: one line
+    saying what to install)."""
     from types import SimpleNamespace
+
+    import jax
 
     from envs.check import first_line
 
-    for name, value in (("PYGAME_HIDE_SUPPORT_PROMPT", "1"), ("SDL_VIDEODRIVER", "dummy"),
-                        ("SDL_AUDIODRIVER", "dummy")):  # no banner, no window, no sound device
-        os.environ.setdefault(name, value)
+    def failed(err: BaseException) -> RenderError:
+        if type(err).__name__ == "DependencyNotInstalled" or isinstance(err, ImportError) and "pygame" in str(err):
+            return RenderError(f"gymnasium draws gymnax:{env.name} with pygame, which is not installed here: "
+                               "pip install pygame (it comes with rl-harness[adapters])")
+        return RenderError(f"gymnasium cannot draw gymnax:{env.name} ({first_line(err)})")
+
     try:
         import gymnasium
         from gymnax.visualize.vis_gym import get_gym_state, set_gym_params
@@ -267,11 +274,15 @@ def gymnasium_frames(env: Any, params: Any, states: list[Any], *, width: int = 3
 
         drawn = gymnasium.make(env.name, render_mode="rgb_array")
     except Exception as err:  # noqa: BLE001 - an import or registry error, in one line
-        raise RenderError(f"gymnasium cannot draw gymnax:{env.name} ({first_line(err)})") from None
+        raise failed(err) from None
+    sdl = {name: os.environ.get(name) for name in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER")}
+    os.environ.update(dict.fromkeys(sdl, "dummy"))  # no window, no sound device; as it was after
     try:
         drawn.reset(seed=0)
         plain = drawn.unwrapped
-        set_gym_params(SimpleNamespace(env=plain), env.name, params)  # it sets them on ``.env``
+        plain_params = jax.tree.map(lambda x: np.asarray(x).item() if np.size(x) == 1 else np.asarray(x),
+                                    params)  # gym's drawing takes Python numbers
+        set_gym_params(SimpleNamespace(env=plain), env.name, plain_params)  # it sets them on ``.env``
         frames = []
         for state in states:
             values = get_gym_state(state, env.name)
@@ -282,9 +293,14 @@ def gymnasium_frames(env: Any, params: Any, states: list[Any], *, width: int = 3
             frames.append(picture.resize((width, round(picture.height * width / picture.width))))
         return frames
     except Exception as err:  # noqa: BLE001 - pygame missing, or a drawing error, in one line
-        raise RenderError(f"gymnasium cannot draw gymnax:{env.name} ({first_line(err)})") from None
+        raise failed(err) from None
     finally:
-        drawn.close()
+        drawn.close()  # pygame.quit(): the next drawing reads SDL's variables again
+        for name, value in sdl.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _offscreen_pyplot() -> Any:

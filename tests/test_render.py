@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import jax
@@ -108,11 +109,13 @@ def test_play__a_kept_robot_policy_is_re_evaluated_and_drawn_by_mujoco_at_most_2
     ("jumanji:Minesweeper-v0", 2),  # an episode of 6 clicks (from seed 0: a mine at the first)
     ("gymnax:Catch-bsuite", 0),
     ("gymnax:CartPole-v1", 0)])  # a classic-control env: gymnasium's renderer, as gymnax's Visualizer means to
-def test_play__a_kept_jumanji_or_gymnax_policy_is_drawn_by_its_own_library(env_name, episode_seed, tmp_path):
+def test_play__a_kept_jumanji_or_gymnax_policy_is_drawn_from_its_states(env_name, episode_seed, tmp_path):
     """Jumanji's ``render``, gymnax's ``Visualizer`` and, for gymnax's classic-control envs,
     gymnasium's renderer draw the episode from its states, off screen (no window opens here:
     pyplot's Agg, pygame's dummy video driver), one frame per step before the end, 320 pixels wide."""
     pytest.importorskip(env_name.split(":")[0])
+    if env_name == "gymnax:CartPole-v1":
+        pytest.importorskip("pygame")  # gymnasium's renderer
     from harness.play import play
 
     _keep_untrained_policy(tmp_path, env_name, dict(num_envs=2, num_steps=8, hidden=[16, 16], eval_episodes=1))
@@ -123,22 +126,28 @@ def test_play__a_kept_jumanji_or_gymnax_policy_is_drawn_by_its_own_library(env_n
     assert first.std() > 10 and not np.array_equal(first[below_captions], last[below_captions])
 
 
-@pytest.mark.parametrize("steps, drawn", [(1, 1), (200, 200), (201, 101), (450, 150)])
-def test_play__a_long_episode_is_drawn_in_at_most_200_evenly_spaced_frames(steps, drawn, tmp_path):
-    """An env drawn from its states: every k-th state (k the fewest that keeps 200 or fewer), from the first."""
-    pytest.importorskip("gymnax")
+@pytest.mark.parametrize("steps, stride", [(1, 1), (200, 1), (201, 2), (450, 3)])
+def test_play__a_long_episode_is_drawn_in_at_most_200_evenly_spaced_frames(steps, stride, tmp_path, monkeypatch):
+    """An env drawn from its states: every k-th state from the first, k the fewest that keeps 200
+    or fewer frames; the GIF has them all (each captioned with its step, so none is merged)."""
     from PIL import Image
 
+    from harness import render
     from harness.play import Episode, _write_gif
 
-    env, params = envs.make("gymnax:CartPole-v1")
-    _, state = jax.jit(env.reset)(jax.random.key(0), params)
-    state = jax.device_get(state)
+    given = []
+
+    def frames(env, env_params, states, width=320):  # the library's drawing, recording what it is asked
+        given.extend(states)
+        return [Image.new("RGB", (320, 60), "white") for _ in states]
+
+    monkeypatch.setattr(render, "state_frames", frames)
     episode = Episode(obs=[None] * (steps + 1), returns=[float(t) for t in range(steps + 1)],
-                      states=[state] * steps)
-    frames = _write_gif(tmp_path / "long.gif", {"env": "gymnax:CartPole-v1", "config_id": "t0000c0"}, env, params,
-                        episode)
-    assert len(frames) == drawn and Image.open(tmp_path / "long.gif").n_frames == drawn
+                      states=list(range(steps)))  # each state its own step number
+    out = _write_gif(tmp_path / "long.gif", {"env": "gymnax:CartPole-v1", "config_id": "t0000c0"}, None, None,
+                     episode)
+    assert given == list(range(0, steps, stride)) and len(given) <= 200
+    assert len(out) == len(given) == Image.open(tmp_path / "long.gif").n_frames
 
 
 def test_render__an_env_its_library_cannot_draw_is_one_clear_error():
@@ -158,8 +167,9 @@ def test_render__a_classic_control_env_without_pygame_is_one_line_saying_what_to
     env, params = envs.make("gymnax:Acrobot-v1")
     _, state = jax.jit(env.reset)(jax.random.key(0), params)
     monkeypatch.setitem(sys.modules, "pygame", None)  # `import pygame` fails, as where it is not installed
-    with pytest.raises(RenderError, match=r"^gymnasium cannot draw gymnax:Acrobot-v1 \(DependencyNotInstalled: "
-                                          r"pygame is not installed, run `pip install .*classic-control.*`\)$"):
+    expect = ("gymnasium draws gymnax:Acrobot-v1 with pygame, which is not installed here: pip install pygame "
+              "(it comes with rl-harness[adapters])")
+    with pytest.raises(RenderError, match=f"^{re.escape(expect)}$"):
         state_frames(env, params, [jax.device_get(state)])
 
 
