@@ -61,12 +61,14 @@ def _shim_removed_jax_apis() -> None:
 
 def run_brax(name: str, timesteps: int, episode_length: int) -> dict:
     _shim_removed_jax_apis()
-    from brax import envs as brax_envs
+    from envs.adapters.brax import brax_envs
+
+    registry = brax_envs()  # first: brax.envs without MuJoCo's "Failed to import warp" lines
     from brax.training.agents.ppo import networks as ppo_networks
     from brax.training.agents.ppo import train as brax_ppo
 
     brax_name, _, backend = name.partition(":")
-    env = brax_envs.get_environment(brax_name, **({"backend": backend} if backend else {}))
+    env = registry.get_environment(brax_name, **({"backend": backend} if backend else {}))
     seen: list[dict] = []
     networks = functools.partial(ppo_networks.make_ppo_networks, policy_hidden_layer_sizes=(64, 64),
                                  value_hidden_layer_sizes=(64, 64), activation=jax.nn.tanh)
