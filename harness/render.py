@@ -198,7 +198,9 @@ def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 3
     inner = env
     while not hasattr(inner, "inner"):  # under our wrappers (FlattenObservation ...): the adapter
         inner = inner.env
-    plt = _offscreen_pyplot()
+    if library == "gymnax" and inner.inner.name in GYMNASIUM_DRAWN:
+        return gymnasium_frames(inner.inner, env_params.inner, [s.inner for s in states], width=width)
+    plt = _offscreen_pyplot()  # Jumanji's and gymnax's own pictures: matplotlib, off screen
     if library == "jumanji":
         import jax
         import jax.numpy as jnp
@@ -219,8 +221,6 @@ def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 3
         finally:
             inner.inner.close()
         return frames
-    if library == "gymnax" and inner.inner.name in GYMNASIUM_DRAWN:
-        return gymnasium_frames(inner.inner, env_params.inner, [s.inner for s in states], width=width)
     if library == "gymnax":
         from gymnax.visualize import Visualizer
 
