@@ -234,6 +234,9 @@ class LaneBroker:
                 t.set_user_attr(CONFIG_ATTR, -1)  # a refill: its index in the trial's record is set there
                 t.set_user_attr("lane", lane)
                 t.set_user_attr("after_chunk", chunk)
+                # and for this broker too: a step that fails after this ask (a storage error) and is
+                # replayed hands it out again, not a second refill that would stay RUNNING, orphaned
+                self._asked[(trial, chunk, lane)] = t.number  # type: ignore[index]  # built by _asked_before
                 point = suggest(t, self.study.space)
                 t.study = t.study.inner  # the study itself again: the step's view is not kept
                 self._trials[t.number] = t

@@ -69,16 +69,16 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         return SearchOutcome(progress.done, trials)
     scheduler = asha(settings, budget)
     broker = BrokerHandle(settings, budget) if settings.scheduler == "lanes" else None
-    sink = RecordSink(folder, progress, ran_before=any(r["status"] != "failed" for r in records))
-    searcher = BatchedOptunaSearcher(
-        settings.study, ostudy, static_names=settings.static_names, configs_per_trial=budget.configs_per_trial,
-        make_plan=plan_factory(settings, budget, broker.name if broker else ""),
-        extra={"device": placement.device},
-        on_complete=sink, on_suggest=folder.note_inflight, adopt=adopt,
-        is_pruned=lambda tid: scheduler is not None and tid in scheduler.stopped,
-        first_statics=settings.first_statics(budget))
-    # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
-    try:
+    try:  # from here on the broker's actor is stopped however this ends
+        sink = RecordSink(folder, progress, ran_before=any(r["status"] != "failed" for r in records))
+        searcher = BatchedOptunaSearcher(
+            settings.study, ostudy, static_names=settings.static_names, configs_per_trial=budget.configs_per_trial,
+            make_plan=plan_factory(settings, budget, broker.name if broker else ""),
+            extra={"device": placement.device},
+            on_complete=sink, on_suggest=folder.note_inflight, adopt=adopt,
+            is_pruned=lambda tid: scheduler is not None and tid in scheduler.stopped,
+            first_statics=settings.first_statics(budget))
+        # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
         tuning.run(settings, folder, placement, guard, kind="run", searcher=searcher, scheduler=scheduler,
                    num_samples=remaining, callbacks=[tuning.ProgressCallback(progress)],
                    halt=lambda: sink.same_failure is not None)

@@ -483,6 +483,39 @@ def test_broker__a_steps_samplers_see_the_study_as_its_storage_holds_it_after_ea
     assert len(ostudy.get_trials()) == 10 and len(asked) == 4
 
 
+def test_broker__a_step_that_failed_after_asking_a_refill_hands_that_refill_out_when_replayed(tmp_path,
+                                                                                               monkeypatch):
+    """The broker's step fails between its two refills (a storage error); the trial is retried and
+    replays the chunk to the same broker: the first refill asked is handed out again, and no
+    configuration is left RUNNING that no lane trains."""
+    import optuna
+
+    from harness.lanes import LaneBroker
+
+    _, ostudy, broker = _broker(tmp_path)
+    first = [ostudy.ask() for _ in range(4)]
+    static = {"num_minibatches": "4"}
+    reports = [_at(lane, t.number, 128, v) for lane, (t, v) in enumerate(zip(first, [1.0, 5.0, 3.0, 20.0]))]
+    ask, asked = LaneBroker._ask, []
+
+    def first_then_fail(self, *args):
+        if asked:
+            raise optuna.exceptions.StorageInternalError("database is locked")
+        t = ask(self, *args)
+        asked.append(t.number)
+        return t
+
+    monkeypatch.setattr(LaneBroker, "_ask", first_then_fail)
+    with pytest.raises(optuna.exceptions.StorageInternalError):
+        broker.step(0, 1, static, reports, True)
+    monkeypatch.undo()
+    answer = broker.step(0, 1, static, reports, True)
+    assert sorted(answer["new"]) == [0, 1, 2] and answer["new"][0]["number"] == asked[0]
+    going = {first[3].number} | {n["number"] for n in answer["new"].values()}
+    running = {t.number for t in ostudy.get_trials() if t.state == optuna.trial.TrialState.RUNNING}
+    assert running == going
+
+
 def test_broker__tells_finished_diverged_and_cut_short_configurations_and_refills_only_when_asked(tmp_path):
     import optuna
 
