@@ -308,6 +308,15 @@ def test_guard__a_full_disk_in_the_searcher_stops_the_study_in_one_line_and_othe
                                                                     "file system", None, None)) is False
     assert quiet.problem == "Read-only file system"
     assert log.filter(logging.LogRecord("x", logging.ERROR, "", 0, "something else", None, None)) is True
+    # Tune's state file renamed from its temp name while Tune copied its folder: not printed, not the disk
+    for name, shown in [("/tmp/ray/s/driver_artifacts/.4dcd-tmp-basic-variant-state-2026.json", False),
+                        ("/results/x/trials/0001.json", True)]:
+        try:
+            raise FileNotFoundError(2, f"Failed to open local file '{name}'")
+        except FileNotFoundError:
+            info = sys.exc_info()
+        record = logging.LogRecord("x", logging.ERROR, "", 0, "Saving experiment state failed", None, info)
+        assert log.filter(record) is shown and quiet.problem == "Read-only file system"
 
 
 # -- the search phase, Tune stood in for ------------------------------------------------------------
