@@ -229,7 +229,8 @@ class StopOnDiskError(tune.Stopper):
 class DiskErrorLog(logging.Filter):
     """On Tune's loggers: an error logged because the results disk refuses writes (Tune saves its
     experiment state there, logs a traceback when that fails and goes on) trips the guard and is
-    not printed; other records pass."""
+    not printed; so is (without tripping it) a failed save whose only fault is Tune's own temp
+    file vanishing mid-copy; other records pass."""
 
     LOGGERS = ("ray.tune.execution.experiment_state", "ray.tune.execution.tune_controller")
 
@@ -240,10 +241,9 @@ class DiskErrorLog(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         err = record.exc_info[1] if record.exc_info else None
         if isinstance(err, FileNotFoundError) and "-tmp-" in str(err):
-            # Tune's own race, not the disk: its state file was renamed from a temp name while its
-            # folder was being copied to the results folder (a traceback in the final phase of the
-            # README's study, 2026-11-29); the next save copies it, and studies resume from their
-            # own records, not Tune's state
+            # Tune's race, not the disk: its state file was renamed from a temp name while the folder
+            # was copied (the README's study, final phase); the next save copies it, and studies
+            # resume from their own records, not Tune's state
             return False
         found = self.guard.note(err, probe=False) or self.guard.note(record.getMessage(), probe=False)
         return not found
