@@ -81,3 +81,37 @@ def test_brax__unknown_names_and_backends_list_the_choices():
     only_generalized = r"brax:swimmer does not run on the 'positional' backend \(Brax: Unsupported backend"
     with pytest.raises(envs.UnknownEnvError, match=only_generalized + r": positional\.\); use brax:swimmer"):
         envs.make("brax:swimmer:positional")
+
+
+def test_brax__swimmers_water_drag_is_mujocos_inertia_box_model():
+    """Brax's fluid drag (the swimmer's water) called ``jnp.clip(a_min=)``, which this jax rejects,
+    so ``brax:swimmer`` failed in every backend; the adapter mends ``brax.fluid``. Its force on
+    moving links against MuJoCo's inertia-box model written out here: each link a box with the
+    link's mass and inertia, drag ``-3 pi mean(b) mu v`` plus ``-rho/2 (b_j b_k) |v| v`` per axis
+    of the box, in the box's frame."""
+    from envs.adapters.brax import brax_envs
+
+    brax_envs()  # what envs.make imports first: mends brax.fluid
+    from brax import base, fluid
+
+    assert np.array_equal(fluid.jp.clip(jnp.array([-1.0, 2.0]), a_min=0.0, a_max=1.5), [0.0, 1.5])
+    sys = envs.make("brax:swimmer")[0].inner.sys
+    n, inertia = sys.num_links(), sys.link.inertia
+    x = base.Transform.create(pos=jnp.zeros((n, 3)), rot=jnp.tile(jnp.array([1.0, 0.0, 0.0, 0.0]), (n, 1)))
+    vel = np.array([[0.5, -0.2, 0.0], [-0.3, 0.4, 0.1], [0.0, 0.0, -0.6]][:n], np.float32)
+    force = fluid.force(sys, x, base.Motion(ang=jnp.zeros((n, 3)), vel=jnp.asarray(vel)), inertia.mass, inertia.i)
+
+    mu, rho = float(sys.viscosity), float(sys.density)
+    assert mu > 0 and rho > 0  # the swimmer's water
+    diag = np.stack([np.diag(i) for i in np.asarray(inertia.i)])
+    boxes = np.sqrt(6 * (diag.sum(-1, keepdims=True) - 2 * diag) / np.asarray(inertia.mass)[:, None])
+    for i, (b, v) in enumerate(zip(boxes, vel, strict=True)):
+        w, qx, qy, qz = np.asarray(inertia.transform.rot[i], np.float64)  # the box's frame
+        rot = np.array([[1 - 2 * (qy * qy + qz * qz), 2 * (qx * qy - w * qz), 2 * (qx * qz + w * qy)],
+                        [2 * (qx * qy + w * qz), 1 - 2 * (qx * qx + qz * qz), 2 * (qy * qz - w * qx)],
+                        [2 * (qx * qz - w * qy), 2 * (qy * qz + w * qx), 1 - 2 * (qx * qx + qy * qy)]])
+        vb = rot.T @ v
+        fb = -3 * np.pi * b.mean() * mu * vb - 0.5 * rho * np.array([b[1] * b[2], b[0] * b[2], b[0] * b[1]]) \
+            * np.abs(vb) * vb
+        np.testing.assert_allclose(force.vel[i], rot @ fb, rtol=1e-5, atol=1e-4)
+    assert np.all(np.asarray(force.vel) * vel <= 1e-4)  # against the motion

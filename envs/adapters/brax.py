@@ -49,7 +49,37 @@ def brax_envs() -> Any:
     for line in out.getvalue().splitlines():
         if not line.startswith(("Failed to import warp:", "Failed to import mujoco_warp:")):
             print(line)
+    _mend_fluid()
     return brax_envs
+
+
+def _clip(x: Any, min: Any = None, max: Any = None, *, a_min: Any = None, a_max: Any = None,  # noqa: A002
+          **kwargs: Any) -> jax.Array:
+    """``jnp.clip`` that also takes the ``a_min``/``a_max`` spelling jax 0.10 removed."""
+    return jnp.clip(x, min if a_min is None else a_min, max if a_max is None else a_max, **kwargs)
+
+
+def _mend_fluid() -> None:
+    """Brax 0.14.2's fluid drag (``brax.fluid``, the swimmer's water) calls
+    ``jnp.clip(x, a_min=...)``, which this jax rejects (``TypeError: clip() got an unexpected
+    keyword argument 'a_min'``), so the swimmer failed in every backend. ``brax.fluid`` alone gets
+    a ``jax.numpy`` whose ``clip`` takes both spellings; nothing else changes, and with a jax that
+    still takes ``a_min`` nothing is done."""
+    import types
+
+    from brax import fluid
+
+    try:
+        jnp.clip(jnp.zeros(()), a_min=0.0)
+        return
+    except TypeError:
+        pass
+    if getattr(fluid.jp, "clip", None) is _clip:
+        return
+    mended = types.ModuleType("jax.numpy")  # every other name is jax.numpy's own (PEP 562 __getattr__)
+    mended.__getattr__ = lambda name: getattr(jnp, name)  # type: ignore[method-assign]
+    mended.clip = _clip  # type: ignore[attr-defined]
+    fluid.jp = mended
 
 
 @functools.cache
