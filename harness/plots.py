@@ -55,6 +55,25 @@ def _band(values: np.ndarray, *, resamples: int = 500, seed: int = 0) -> tuple[n
         return np.nanpercentile(means, 2.5, axis=0), np.nanpercentile(means, 97.5, axis=0)
 
 
+def stopped_marks(configs: pd.DataFrame, curves: pd.DataFrame, column: str = "eval_return") -> pd.DataFrame:
+    """Where each configuration of a lane study that did not train to the end stopped: one row per
+    pruned or diverged configuration (``config_id``, ``status``, ``env_steps``: its last chunk's;
+    ``value``: its mean over seeds there, else at its last chunk with one, NaN where it has none).
+    Empty for a study whose lanes were not refilled (no ``stopped`` column: every trial there ends
+    together)."""
+    columns = ["config_id", "status", "env_steps", "value"]
+    if "stopped" not in configs or not len(curves):
+        return pd.DataFrame(columns=columns)
+    ended = configs[configs.status.isin(["pruned", "diverged"])].set_index("config_id").status
+    means = curves[curves.config_id.isin(ended.index)].groupby(["config_id", "env_steps"])[column].mean()
+    rows = []
+    for cid, curve in means.groupby(level=0):
+        finite = curve.dropna()
+        rows.append((cid, ended[cid], int(curve.index.get_level_values(1).max()),
+                     float(finite.iloc[-1]) if len(finite) else np.nan))
+    return pd.DataFrame(rows, columns=columns)
+
+
 def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objective: str = "final",
                 policy: str = "greedy") -> Path | None:
     """The top configurations' evaluation curves (training return where a study has none)."""
@@ -64,14 +83,16 @@ def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objecti
     column = "eval_return" if "eval_return" in curves and curves.eval_return.notna().any() else "episode_return"
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    if "stopped" in configs:  # lanes refilled (harness.lanes): where every stopped configuration ended
-        stopped = set(configs.config_id[configs.status == "pruned"])
-        means = curves[curves.config_id.isin(stopped)].groupby(["config_id", "env_steps"])[column].mean()
-        for i, (_, curve) in enumerate(means.groupby(level=0)):
-            steps = curve.index.get_level_values(1).to_numpy()
-            ax.plot(steps, curve.to_numpy(), color="grey", alpha=0.35, linewidth=0.8, zorder=1)
-            ax.scatter(steps[-1:], curve.to_numpy()[-1:], marker="x", color="grey", s=14, zorder=1,
-                       label="stopped early (x: where)" if i == 0 else None)
+    marks = stopped_marks(configs, curves, column)
+    for status, color, label in (("pruned", "grey", "stopped early (x: where)"),
+                                 ("diverged", "tab:red", "diverged (x: where; at the bottom: no finite return)")):
+        for i, (cid, at, value) in enumerate(marks.loc[marks.status == status, ["config_id", "env_steps", "value"]]
+                                             .itertuples(index=False)):
+            curve = curves[curves.config_id == cid].groupby("env_steps")[column].mean()
+            ax.plot(curve.index.to_numpy(), curve.to_numpy(), color=color, alpha=0.35, linewidth=0.8, zorder=1)
+            where = {} if np.isfinite(value) else {"transform": ax.get_xaxis_transform()}
+            ax.scatter([at], [value if np.isfinite(value) else 0.02], marker="x", color=color, s=14, zorder=1,
+                       label=label if i == 0 else None, **where)
     for cid in ranked.config_id:
         c = curves[curves.config_id == cid].pivot_table(index="seed", columns="env_steps",
                                                        values=column, dropna=False)

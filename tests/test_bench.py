@@ -7,6 +7,8 @@ A benchmark that stops working fails here instead of rotting unnoticed.
 
 from __future__ import annotations
 
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +41,8 @@ TINY = {
     "brax_ppo.py": (["--env", "inverted_pendulum:spring", "--timesteps", "10240", "--configs", "1"],
                     "ratio us/brax:"),
     "search_efficiency.py": (["--tiny", "--envs", "cartpole", "--study-seeds", "1", "--methods", "trial,lane",
-                              "--top-k", "1"], "ratio configs lane/trial cartpole:"),
+                              "--top-k", "1"],
+                             ("ratio configs lane/trial cartpole:", "ratio best lane/trial cartpole:")),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1", "--no-warm"], "ratio evals/min us/naive:"),
 }
@@ -62,7 +65,11 @@ def test_bench__runs_from_the_repository_root_at_a_tiny_budget(script, ray_env, 
     r = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert expect in r.stdout, r.stdout[-2000:]
+    for line in [expect] if isinstance(expect, str) else expect:
+        assert line in r.stdout, r.stdout[-2000:]
+        if line.startswith("ratio"):  # its figures are numbers, not nan or inf
+            figures = re.findall(r"[-+]?(?:\d+\.?\d*|nan|inf)\b", r.stdout.split(line, 1)[1].split("\n")[0], re.I)
+            assert figures and all(math.isfinite(float(f)) for f in figures), r.stdout[-2000:]
     if "--hlo" in args:  # each compiled program's HLO written, its kernels counted
         written = sorted(p.name for p in tmp_path.glob("*.hlo"))
         assert written == ["rejax_1.hlo", "rejax_2.hlo", "us_1.hlo", "us_2.hlo"], written

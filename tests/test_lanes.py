@@ -599,6 +599,46 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
     assert optuna.trial.TrialState.PRUNED in {t.state for t in ostudy.get_trials()}
 
 
+def test_lane_trial__a_lane_that_diverges_in_the_kernel_is_recorded_refilled_and_its_neighbours_go_on(tmp_path):
+    """Not a made-up report: lane 1 trains at lr 1e3 and its seeds' NaNs set the kernel's sticky flag;
+    the broker tells it FAIL, the record says diverged, and the lane's next configuration trains
+    from a fresh start (flag cleared, finite curve) while lanes 0 and 2 never notice."""
+    from harness.lanes import LaneTrial
+    from harness.search_phase import plan_factory
+    from harness.space import Budget
+
+    settings, ostudy, broker = _broker(tmp_path, min_steps=256)
+    budget = Budget(trials=3, configs_per_trial=3, seeds=2, timesteps=768)  # 3 chunks of 256 steps
+    first = [ostudy.ask() for _ in range(3)]
+    default = settings.control(budget.timesteps)[0]
+    points = [{**default, "lr": lr, "num_minibatches": 4} for lr in (3e-4, 1e3, 1e-3)]
+    plan = plan_factory(settings, budget, "local")(points, 0)
+    config = {**plan.config, "num_envs": 4, "num_steps": 32, "update_epochs": 1, "updates_per_chunk": 2,
+              "hidden": [16, 16]}
+    plan = dataclasses.replace(plan, config=config, seeds=2, chunks=6, config_keys=[t.number for t in first],
+                               lanes={**plan.lanes, "static": {"num_minibatches": "4"}, "params": points})
+    runner = LaneRunner(plan)
+    lanes = LaneTrial.start(plan, runner.budget_steps)
+    while lanes.lanes[1].number == first[1].number:  # until its configuration ends
+        runner.chunk()
+        answer = lanes.after_chunk(runner, broker.step)
+    assert runner.curves[-1].diverged[1].all() and not runner.curves[-1].diverged[[0, 2]].any()
+    assert answer["ended"][1] == {"status": "diverged", "why": "diverged"} and 1 in answer["new"]
+    assert ostudy.trials[first[1].number].state == optuna.trial.TrialState.FAIL
+    refilled_at = len(runner.curves)
+    while not runner.done:
+        runner.chunk()
+        lanes.after_chunk(runner, broker.step)
+    records = lanes.records()
+    bad = [r for r in records if r["status"] == "diverged"]
+    assert [r["optuna_number"] for r in bad] == [first[1].number] and bad[0]["diverged"] == [True, True]
+    assert bad[0]["scores"] is None
+    after = [r for r in records if r["lane"] == 1 and r["started_chunk"] == refilled_at]
+    assert len(after) == 1 and after[0]["diverged"] == [False, False]
+    assert all(v is not None for row in after[0]["curve"] for v in row["evals"])
+    assert not np.stack([r.diverged[[0, 2]] for r in runner.curves]).any()
+
+
 # ---- the driver's side: lane plans, the broker's life, records and reports ----------------------
 
 def test_settings__lane_trials_fill_the_slots_and_the_static_points_at_most_one_per_three_trials(tmp_path):
@@ -727,6 +767,21 @@ def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_
     assert len(curves) == 2 * 4 * 2 and curves.env_steps.max() == 20480
     assert "[1/1] trial 0: best of its 2 configs 11.0 (its lanes refilled: 2 trained to the end, 0 stopped " \
            "early)" in capsys.readouterr().out  # (a fake trial: no timings to say)
+    # the final phase on lane records: the top configurations and the control on the same fresh seeds
+    from harness import final_phase, summary
+    from tests.test_driver import _final_kernels
+
+    run_plans, seen = _final_kernels(tmp_path)
+    final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
+    assert [c["config_id"] for c in final["configs"]] == ["t0000c1", "t0000c0"]
+    by_index = {c["index"]: c for c in rec["configs"]}
+    assert [c["hparams"] for c in final["configs"]] == [by_index[1]["hparams"], by_index[0]["hparams"]]
+    assert final["control"]["params"] == settings.control(20480)[0]
+    keys = [[(p["plan"]["trial"], p["plan"]["stream"]) for p in c["plans"]] for c in [*final["configs"],
+                                                                                      final["control"]]]
+    assert keys[0] == keys[1] == keys[2] and keys[0]
+    lines = summary.lines(report.build(folder), done=1, minutes=0.5)
+    assert lines[1].startswith("best: t0000c1 re-evaluated ") and lines[4].startswith("tuned vs default (auc): ")
 
 
 def test_search_phase__a_lane_trial_that_fails_keeps_what_ended_and_tells_its_running_refills(tmp_path,

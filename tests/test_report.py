@@ -308,3 +308,36 @@ def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_noth
     except RuntimeError as err:
         assert disk_problem(err, tmp_path) == os.strerror(errno.EROFS)
         assert disk_problem(err) is None
+
+
+def test_curves_plot__marks_where_each_lane_configuration_stopped_or_diverged(tmp_path):
+    """A lane study's curves: each configuration stopped at a rung or diverged is marked at its last
+    chunk (its mean there, or its last finite one; a configuration with none sits at the bottom),
+    and the plot draws one mark per such configuration; those trained to the end have none."""
+    import matplotlib.axes
+
+    from harness import plots
+
+    nan = np.nan
+    configs = pd.DataFrame({"config_id": ["a", "b", "c", "d"],
+                            "status": ["complete", "pruned", "diverged", "diverged"],
+                            "stopped": ["trained its whole budget", "stopped at rung 1 (200 env steps)",
+                                        "diverged", "diverged"], "rank": [1.0, nan, nan, nan]})
+    rows = [("a", s, e, 0.0, 10.0 * e / 100 + s) for e in (100, 200, 300) for s in (0, 1)]
+    rows += [("b", s, e, 0.0, 5.0 + s) for e in (100, 200) for s in (0, 1)]
+    rows += [("c", 0, 100, 0.0, 7.0), ("c", 1, 100, 0.0, 9.0), ("c", 0, 200, 0.0, nan), ("c", 1, 200, 0.0, nan)]
+    rows += [("d", s, 100, 0.0, nan) for s in (0, 1)]
+    curves = pd.DataFrame(rows, columns=["config_id", "seed", "env_steps", "episode_return", "eval_return"])
+    marks = plots.stopped_marks(configs, curves).set_index("config_id")
+    assert marks.status.to_dict() == {"b": "pruned", "c": "diverged", "d": "diverged"}
+    assert marks.env_steps.to_dict() == {"b": 200, "c": 200, "d": 100}
+    assert marks.value["b"] == 5.5 and marks.value["c"] == 8.0 and np.isnan(marks.value["d"])
+    assert plots.stopped_marks(configs.drop(columns="stopped"), curves).empty  # trial-level: none
+
+    drawn = []
+    real = matplotlib.axes.Axes.scatter
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.axes.Axes, "scatter",
+                   lambda ax, x, y, **kw: drawn.append((list(x), kw.get("color"))) or real(ax, x, y, **kw))
+        assert plots.curves_plot(configs, curves, tmp_path / "curves.png").exists()
+    assert sorted(drawn, key=str) == sorted([([200], "grey"), ([200], "tab:red"), ([100], "tab:red")], key=str)
