@@ -6,8 +6,9 @@ Two sides, one round trip per chunk per trial:
 
 - :class:`LaneBroker` owns the lanes' Optuna trials (in the driver's process or, under Ray, an
   actor on the driver's node: ``harness.search_phase``). Each lane's configuration is an Optuna
-  trial; at each rung (``min_steps * eta**r`` env steps per seed) its objective so far is reported
-  and Optuna's ``SuccessiveHalvingPruner`` decides, against every configuration of the study
+  trial, told its objective so far after each of its chunks as intermediate values (up to 50,
+  evenly spaced, as a trial-level configuration's curve is); at each rung (``min_steps * eta**r``
+  env steps per seed) Optuna's ``SuccessiveHalvingPruner`` decides, against every configuration of the study
   that reached that rung, whether it goes on (asynchronous successive halving; lanes reaching a
   rung after the same chunk are judged together, as having reached it at once, so no lane's
   index decides; a promoted one that the trial's end would cut short before its next judgement
@@ -135,6 +136,9 @@ class LaneBroker:
                 if r["steps"] >= told["at"]:
                     ended[r["lane"]] = {"status": told["status"], "why": told["why"]}
                 continue
+            if r.get("now") is not None and (now := config_score(r["now"], None, metric)) is not None \
+                    and r["steps"] not in t._cached_frozen_trial.intermediate_values:  # (once: a replayed chunk)
+                t.report(now, step=int(r["steps"]))  # its curve, as optuna-dashboard shows a trial's
             if r["diverged"]:
                 ended[r["lane"]] = self._stop(t, r, "diverged", "diverged")
             elif r["finished"]:
@@ -399,22 +403,28 @@ class _StepView:
 
 
 def as_judged(trials: list[Any]) -> list[Any]:
-    """The study as the broker's samplers see it: a running lane that has reported at a rung is
+    """The study as the broker's samplers see it: a running lane that has been judged at a rung is
     shown as a pruned trial with its values so far, so TPE ranks it with the configurations that
     stopped at its rung (by value, behind those that went further) instead of as its constant
     liar's worst value; running lanes with no rung value yet stay running (the liar spreads a
     step's proposals). Lanes promoted at a rung are the study's best so far; counted as its worst,
     they pushed TPE away from where the study was doing well, the more the wider the kernel (a GPU's
-    lane trials run hundreds at once)."""
+    lane trials run hundreds at once). TPE ranks a pruned trial by its last intermediate value, so
+    each lane that is running or ended short of its budget shows its curve up to its last judgement
+    (none before its first): what the judgements saw, not the chunks reported for the curves."""
     import copy
 
     import optuna
 
     out = []
     for t in trials:
-        if t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values:
+        running = t.state == optuna.trial.TrialState.RUNNING
+        if running or ("stopped" in t.user_attrs and t.state == optuna.trial.TrialState.PRUNED):
+            at = (t.user_attrs.get(VERDICT_ATTR) or {}).get("at", -1)
             t = copy.copy(t)
-            t.state = optuna.trial.TrialState.PRUNED
+            t.intermediate_values = {k: v for k, v in t.intermediate_values.items() if k <= at}
+            if running and t.intermediate_values:
+                t.state = optuna.trial.TrialState.PRUNED
         out.append(t)
     return out
 
@@ -486,7 +496,10 @@ class LaneTrial:
 
     def reports(self, runner: Any, last: bool) -> list[dict[str, Any]]:
         """Each running lane's state after the chunk just run, for :meth:`LaneBroker.step`."""
+        from harness.stats import reported_chunks
+
         r = runner.curves[-1]
+        reported = reported_chunks(runner.config.num_chunks)  # of a configuration's own chunks
         finished = [c for c, lane in enumerate(self.lanes) if lane is not None
                     and runner.lane_chunks(c) >= runner.config.num_chunks and not r.diverged[c].any()]
         self._evaluated = {}
@@ -510,8 +523,12 @@ class LaneTrial:
                 target = self.rungs[lane.judged] if lane.judged < len(self.rungs) else runner.budget_steps
                 left = runner.total_chunks - len(runner.curves)
                 reach = runner.config.env_steps_after(runner.lane_chunks(c) + left) >= target
+            diverged = bool(r.diverged[c].any())
+            now = None  # its objective so far, on the chunks Optuna is told as intermediate values
+            if not diverged and runner.lane_chunks(c) in reported:
+                now = values if values is not None else _floats(runner.lane_objective([c])[0])
             out.append({"lane": c, "number": lane.number, "steps": steps, "rung": rung, "values": values,
-                        "diverged": bool(r.diverged[c].any()), "finished": c in finished, "last": last,
+                        "now": now, "diverged": diverged, "finished": c in finished, "last": last,
                         "reach": reach, "scores": self._evaluated[c][0] if c in self._evaluated else None})
         return out
 

@@ -20,7 +20,7 @@ from ray.tune.search import Searcher
 from harness.folder import InFlight
 from harness.kernel import TrialPlan
 from harness.space import Categorical, Int, LogUniform, Study, Uniform, label
-from harness.stats import config_score, config_value
+from harness.stats import config_score, config_value, reported_chunks
 from harness.storage import storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -321,13 +321,6 @@ class BatchedOptunaSearcher(Searcher):
 RECORDED = ("kernel_seconds", "compile_seconds", "trial_seconds", "error", "resumed_after_chunk", "checkpoints",
             "checkpoint_seconds", "broker_seconds", "lanes_seconds")
 
-MAX_REPORTS = 50  # intermediate values per Optuna trial: evenly spaced chunks, the first and last included
-
-
-def reported_chunks(num_chunks: int) -> set[int]:
-    """The chunks (1-based) whose objective Optuna is told as it arrives: every one up to
-    ``MAX_REPORTS`` chunks, evenly spaced ones beyond."""
-    return {1 + round(i * (num_chunks - 1) / (MAX_REPORTS - 1)) for i in range(MAX_REPORTS)}
 
 
 def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:

@@ -113,3 +113,13 @@ def paired_difference(a: Sequence[float], b: Sequence[float], *, resamples: int 
         return float("nan"), float("nan"), float("nan")
     lo, hi = bootstrap_ci(d, resamples=resamples, seed=seed)
     return float(d.mean()), lo, hi
+
+
+MAX_REPORTS = 50  # intermediate values per Optuna trial: evenly spaced chunks, the first and last included
+
+
+def reported_chunks(num_chunks: int) -> set[int]:
+    """The chunks (1-based) whose objective Optuna is told as it arrives: every one up to
+    ``MAX_REPORTS`` chunks, evenly spaced ones beyond (a configuration's own chunks, where lanes
+    are refilled)."""
+    return {1 + round(i * (num_chunks - 1) / (MAX_REPORTS - 1)) for i in range(MAX_REPORTS)}

@@ -287,10 +287,11 @@ def test_broker__tpe_counts_running_lanes_promoted_at_a_rung_as_good_not_as_its_
     """The study's best so far are running lanes promoted at rung 2 (lr near 1e-4); the lanes
     stopped at rung 1 all have lr near 3e-3. TPE's refills follow the running ones: seen as its
     constant liar sees running trials (the worst), they would be the bad group and TPE would
-    propose near 3e-3. Running lanes with no rung value yet stay running."""
+    propose near 3e-3. Running lanes not judged yet stay running, whatever curve they have; a
+    judged one shows its curve up to its judgement."""
     import optuna
 
-    from harness.lanes import EXPLORE, as_judged
+    from harness.lanes import EXPLORE, VERDICT_ATTR, as_judged
 
     _, ostudy, broker = _broker(tmp_path)
     dists = {"lr": optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
@@ -302,12 +303,16 @@ def test_broker__tpe_counts_running_lanes_promoted_at_a_rung_as_good_not_as_its_
         ostudy.enqueue_trial({"lr": 1e-4 + k * 1e-5})
         t = ostudy.ask()
         t.suggest_float("lr", 1e-4, 3e-3, log=True)
+        t.report(40.0 + k, step=50)  # its curve: a chunk before the first rung
         if k < 6:
             t.report(50.0 + k, step=100)
             t.report(60.0 + k, step=300)
+            t.set_user_attr(VERDICT_ATTR, {"at": 300, "prune": False, "attrs": {}})
+            t.report(0.0, step=350)  # a chunk after its last judgement: not what the judgement saw
     read, asked = ostudy.get_trials(deepcopy=False), []
     S = optuna.trial.TrialState
     assert [t.state for t in as_judged(read)][-7:] == [S.PRUNED] * 6 + [S.RUNNING]
+    assert [max(t.intermediate_values) for t in as_judged(read)[-7:-1]] == [300] * 6
     assert [t.state for t in read][-7:] == [S.RUNNING] * 7  # the study itself is untouched
     for _ in range(12):
         broker._ask({"num_minibatches": "4"}, read, asked)
@@ -569,9 +574,15 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
     assert lanes.broker_s > 0 and lanes.lanes_s > 0
     states = {t.number: t.state.name for t in ostudy.get_trials()}
     assert "RUNNING" not in states.values()  # every configuration that started was told
+    trials = {t.number: t for t in ostudy.get_trials()}
     for r in records:
         told = {"complete": "COMPLETE", "pruned": "PRUNED", "diverged": "FAIL"}[r["status"]]
         assert states[r["optuna_number"]] == told
+        # its curve in Optuna: its objective so far after each of its chunks (9 of them at most here)
+        values = trials[r["optuna_number"]].intermediate_values
+        assert sorted(values) == [c["env_steps"] for c in r["curve"]]
+        if r["status"] == "pruned":
+            assert values[r["env_steps"]] == pytest.approx(r["last_value"])
         assert r["curve"][-1]["env_steps"] == r["env_steps"] and len(r["curve"]) == r["env_steps"] // 256
         if r["status"] == "complete":
             assert r["env_steps"] == runner.budget_steps

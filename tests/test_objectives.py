@@ -214,7 +214,8 @@ def test_searcher__a_long_trial_reports_50_evenly_spaced_chunks_the_last_include
     import warnings
 
     import studies
-    from harness.search import MAX_REPORTS, BatchedOptunaSearcher, open_study, reported_chunks
+    from harness.search import BatchedOptunaSearcher, open_study
+    from harness.stats import MAX_REPORTS, reported_chunks
     from tests.driver import plan_maker
 
     assert reported_chunks(7) == set(range(1, 8)) and reported_chunks(1) == {1}
