@@ -50,7 +50,7 @@ def run_ours(settings, lanes: int, table: list[list[float]]) -> tuple[list[float
     numbers = [driver.ask().number for _ in range(lanes)]
     times, stopped = [], 0
     for chunk, row in enumerate(table, 1):
-        reports = [{"lane": i, "number": numbers[i], "steps": CHUNK * chunk, "rung": 0, "values": [v],
+        reports = [{"lane": i, "number": numbers[i], "steps": CHUNK * chunk, "rung": 0, "values": [v], "now": [v],
                     "diverged": False, "finished": False, "last": False, "reach": True, "scores": None}
                    for i, v in enumerate(row)]
         t0 = time.perf_counter()

@@ -41,6 +41,7 @@ import numpy as np
 ETA = 3  # successive halving's reduction factor: rungs at 1/9, 1/3 and the whole budget
 EXPLORE = 3  # with TPE, refills whose Optuna number is a multiple of EXPLORE are proposed at random
 ROUNDS = 3  # lane trials: at most one per ROUNDS of the budget's trials (Settings.with_rounds)
+ANSWERS_KEPT = 4096  # the broker's latest answers kept in memory (a replayed chunk's; older ones: from storage)
 VERDICT_ATTR = "verdict"  # a lane's Optuna trial: its latest judgement {"at": env steps, "prune", "attrs"}
 
 
@@ -68,8 +69,10 @@ class Lane:
 class LaneBroker:
     """The Optuna side: reports lanes at their rungs, asks the pruner, tells ended configurations,
     proposes new ones with a trial's static values. One call per chunk per trial (:meth:`step`);
-    answers are kept per (trial, chunk), so a trial that replays chunks after a restart gets
-    the same answers (and the same new configurations) again."""
+    a trial that replays chunks after a restart gets the same answers (and the same new
+    configurations) again: the latest ``ANSWERS_KEPT`` are kept per (trial, chunk), and any
+    other is answered again from what the study's storage holds (as a new broker does after a
+    kill: who was told what, each verdict, each refill asked)."""
 
     def __init__(self, study: Any, storage: str, *, static_names: list[str],
                  hparams: Callable[[dict[str, Any]], dict[str, float]], min_steps: int, eta: int = ETA,
@@ -117,6 +120,8 @@ class LaneBroker:
         (when ``refill``) their new configurations."""
         key = (trial, chunk)
         if key not in self.answers:
+            if len(self.answers) >= ANSWERS_KEPT:  # the oldest: a replay that needs it is answered from storage
+                del self.answers[next(iter(self.answers))]
             self.answers[key] = self._step(trial, chunk, static, lanes, refill)
         return self.answers[key]
 

@@ -564,10 +564,16 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
     runner = LaneRunner(plan)
     lanes = LaneTrial.start(plan, runner.budget_steps)
     assert lanes.rungs == [256, 768] and runner.total_chunks == 27
+    calls = []
     while not runner.done:
         runner.chunk()
-        lanes.after_chunk(runner, broker.step)
+        lanes.after_chunk(runner, lambda *args: calls.append((copy.deepcopy(args), broker.step(*args)))
+                          or calls[-1][1])
     records = lanes.records()
+    # its chunks replayed to the broker after it forgot its answers (it keeps the latest ANSWERS_KEPT):
+    # answered from the study's storage as they were
+    broker.answers.clear()
+    assert [broker.step(*args) for args, _ in calls] == [answer for _, answer in calls]
     assert len(records) > 3 and [r["index"] for r in records] == list(range(len(records)))
     kept = LaneTrial.from_state(lanes.state())  # as a checkpoint keeps it, where its time went too
     assert kept.records() == records and (kept.broker_s, kept.lanes_s) == (lanes.broker_s, lanes.lanes_s)
