@@ -137,13 +137,16 @@ class LaneBroker:
         for r in lanes:
             t = self._trial(r["number"])
             told = self._told(t)
-            if told is not None:  # a broker before this one (its driver killed) told it: answer as it did
+            if told is not None:  # told before (by a broker before this one, or an answer this one no
+                # longer keeps): answer as it did
                 if r["steps"] >= told["at"]:
                     ended[r["lane"]] = {"status": told["status"], "why": told["why"]}
                 continue
-            if r.get("now") is not None and (now := config_score(r["now"], None, metric)) is not None \
+            if r.get("now") is not None and r["rung"] is None \
+                    and (now := config_score(r["now"], None, metric)) is not None \
                     and r["steps"] not in t._cached_frozen_trial.intermediate_values:  # (once: a replayed chunk)
-                t.report(now, step=int(r["steps"]))  # its curve, as optuna-dashboard shows a trial's
+                t.report(now, step=int(r["steps"]))  # its curve, as optuna-dashboard shows a trial's (at a
+                # rung its value is reported where it is judged)
             if r["diverged"]:
                 ended[r["lane"]] = self._stop(t, r, "diverged", "diverged")
             elif r["finished"]:
@@ -281,6 +284,7 @@ class LaneBroker:
 
         t.set_user_attr("stopped", {"status": status, "why": why, "at": int(r["steps"])})
         self._running.discard(t.number)
+        self._trials.pop(t.number, None)  # (a replay that asks again reads it from the storage)
         if status == "complete" and value is not None:
             self.ostudy.tell(t.number, value, skip_if_finished=True)
         else:
@@ -327,7 +331,7 @@ def _judge(pruner: Any, ostudy: Any, t: Any, step: int, rung: int, batch: dict[i
     import copy
 
     frozen = copy.copy(t._get_latest_trial())
-    frozen.intermediate_values = {step: frozen.intermediate_values[frozen.last_step]}
+    frozen.intermediate_values = {step: batch[t.number]}  # its value now, as reported at its env steps
     frozen.system_attrs = {**frozen.system_attrs, **rung_attrs.get(t.number, {})}
     view = _WithBatch(ostudy, trials, rung_attrs, t.number, rung, batch)
     return bool(pruner.prune(view, frozen)), view.written

@@ -319,6 +319,16 @@ def test_broker__tpe_counts_running_lanes_promoted_at_a_rung_as_good_not_as_its_
     by_tpe = [t.suggest_float("lr", 1e-4, 3e-3, log=True) for t in asked if t.number % EXPLORE]
     # (counted as the worst, all 8 were above 7e-4: 7.5e-4..1.8e-3)
     assert len(by_tpe) == 8 and max(by_tpe) < 7e-4, by_tpe
+    cut = ostudy.ask()  # promoted at rung 2, then cut short by its trial's end: shown up to its judgement
+    cut.suggest_float("lr", 1e-4, 3e-3, log=True)
+    for step, value in ((100, 55.0), (300, 65.0), (350, 0.0)):
+        cut.report(value, step=step)
+    cut.set_user_attr(VERDICT_ATTR, {"at": 300, "prune": False, "attrs": {}})
+    cut.set_user_attr("stopped", {"status": "pruned", "why": "cut short: the trial's budget ended", "at": 350})
+    ostudy.tell(cut, state=optuna.trial.TrialState.PRUNED)
+    (shown,) = [t for t in as_judged(ostudy.get_trials(deepcopy=False)) if t.number == cut.number]
+    assert shown.intermediate_values == {100: 55.0, 300: 65.0}
+    assert ostudy.trials[cut.number].intermediate_values[350] == 0.0  # the study itself keeps its curve
 
 
 def test_lane_trial__a_chunk_past_two_rungs_reports_the_last_and_its_next_judgement_is_the_budget():
@@ -565,14 +575,20 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
     lanes = LaneTrial.start(plan, runner.budget_steps)
     assert lanes.rungs == [256, 768] and runner.total_chunks == 27
     calls = []
-    while not runner.done:
-        runner.chunk()
-        lanes.after_chunk(runner, lambda *args: calls.append((copy.deepcopy(args), broker.step(*args)))
-                          or calls[-1][1])
+
+    def step(*args):  # the broker keeping its last answer only, and each chunk's two before replayed
+        calls.append((copy.deepcopy(args), broker.step(*args)))  # to it as a restarted trial replays them
+        replayed = [broker.step(*copy.deepcopy(a)) for a, _ in calls[-3:-1]]
+        assert replayed == [answer for _, answer in calls[-3:-1]] and len(broker.answers) == 1
+        return calls[-1][1]
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr("harness.lanes.ANSWERS_KEPT", 1)  # older answers: from the study's storage
+        while not runner.done:
+            runner.chunk()
+            lanes.after_chunk(runner, step)
     records = lanes.records()
-    # its chunks replayed to the broker after it forgot its answers (it keeps the latest ANSWERS_KEPT):
-    # answered from the study's storage as they were
-    broker.answers.clear()
+    broker.answers.clear()  # and every chunk replayed once the trial has ended
     assert [broker.step(*args) for args, _ in calls] == [answer for _, answer in calls]
     assert len(records) > 3 and [r["index"] for r in records] == list(range(len(records)))
     kept = LaneTrial.from_state(lanes.state())  # as a checkpoint keeps it, where its time went too
