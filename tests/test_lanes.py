@@ -552,27 +552,37 @@ def test_broker__tells_finished_diverged_and_cut_short_configurations_and_refill
 
 # ---- one trial's lanes through the kernel and the broker, as a study's trial runs them ----------
 
+def _lane_trial(tmp_path, lrs, timesteps, chunks):
+    """A lane trial of 3 lanes at learning rates ``lrs`` (a tiny CartPole kernel, chunks of 256 env
+    steps, rungs at 256 and 768), served by a broker in this process: (its Optuna study, the broker,
+    the first lanes' Optuna trials, the plan, its LaneRunner, its LaneTrial)."""
+    from harness.lanes import LaneTrial
+    from harness.search_phase import plan_factory
+    from harness.space import Budget
+
+    settings, ostudy, broker = _broker(tmp_path, min_steps=256)
+    budget = Budget(trials=3, configs_per_trial=3, seeds=2, timesteps=timesteps)
+    first = [ostudy.ask() for _ in range(3)]
+    default = settings.control(budget.timesteps)[0]
+    points = [{**default, "lr": lr, "num_minibatches": 4} for lr in lrs]
+    plan = plan_factory(settings, budget, "local")(points, 0)
+    config = {**plan.config, "num_envs": 4, "num_steps": 32, "update_epochs": 1, "updates_per_chunk": 2,
+              "hidden": [16, 16]}
+    plan = dataclasses.replace(plan, config=config, seeds=2, chunks=chunks, config_keys=[t.number for t in first],
+                               lanes={**plan.lanes, "static": {"num_minibatches": "4"}, "params": points})
+    runner = LaneRunner(plan)
+    return ostudy, broker, first, plan, runner, LaneTrial.start(plan, runner.budget_steps)
+
+
 @pytest.mark.xla_emitters  # two programs compared: a lane of the lane kernel and the configuration alone
 def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_train_alone(tmp_path, capsys):
     import optuna
 
     from harness.kernel import run_trial
     from harness.lanes import LaneTrial
-    from harness.search_phase import plan_factory
-    from harness.space import Budget
 
-    settings, ostudy, broker = _broker(tmp_path, min_steps=256)
-    budget = Budget(trials=3, configs_per_trial=3, seeds=2, timesteps=2304)  # 9 chunks of 256 steps
-    first = [ostudy.ask() for _ in range(3)]
-    default = settings.control(budget.timesteps)[0]
-    points = [{**default, "lr": lr, "num_minibatches": 4} for lr in (3e-4, 1e-3, 3e-3)]
-    plan = plan_factory(settings, budget, "local")(points, 0)
-    config = {**plan.config, "num_envs": 4, "num_steps": 32, "update_epochs": 1, "updates_per_chunk": 2,
-              "hidden": [16, 16]}
-    plan = dataclasses.replace(plan, config=config, seeds=2, chunks=27, config_keys=[t.number for t in first],
-                               lanes={**plan.lanes, "static": {"num_minibatches": "4"}, "params": points})
-    runner = LaneRunner(plan)
-    lanes = LaneTrial.start(plan, runner.budget_steps)
+    ostudy, broker, first, plan, runner, lanes = _lane_trial(tmp_path, (3e-4, 1e-3, 3e-3), 2304, 27)
+    config = plan.config
     assert lanes.rungs == [256, 768] and runner.total_chunks == 27
     calls = []
 
@@ -636,22 +646,7 @@ def test_lane_trial__a_lane_that_diverges_in_the_kernel_is_recorded_refilled_and
     """Not a made-up report: lane 1 trains at lr 1e3 and its seeds' NaNs set the kernel's sticky flag;
     the broker tells it FAIL, the record says diverged, and the lane's next configuration trains
     from a fresh start (flag cleared, finite curve) while lanes 0 and 2 never notice."""
-    from harness.lanes import LaneTrial
-    from harness.search_phase import plan_factory
-    from harness.space import Budget
-
-    settings, ostudy, broker = _broker(tmp_path, min_steps=256)
-    budget = Budget(trials=3, configs_per_trial=3, seeds=2, timesteps=768)  # 3 chunks of 256 steps
-    first = [ostudy.ask() for _ in range(3)]
-    default = settings.control(budget.timesteps)[0]
-    points = [{**default, "lr": lr, "num_minibatches": 4} for lr in (3e-4, 1e3, 1e-3)]
-    plan = plan_factory(settings, budget, "local")(points, 0)
-    config = {**plan.config, "num_envs": 4, "num_steps": 32, "update_epochs": 1, "updates_per_chunk": 2,
-              "hidden": [16, 16]}
-    plan = dataclasses.replace(plan, config=config, seeds=2, chunks=6, config_keys=[t.number for t in first],
-                               lanes={**plan.lanes, "static": {"num_minibatches": "4"}, "params": points})
-    runner = LaneRunner(plan)
-    lanes = LaneTrial.start(plan, runner.budget_steps)
+    ostudy, broker, first, _, runner, lanes = _lane_trial(tmp_path, (3e-4, 1e3, 1e-3), 768, 6)
     while lanes.lanes[1].number == first[1].number:  # until its configuration ends
         runner.chunk()
         answer = lanes.after_chunk(runner, broker.step)
