@@ -51,12 +51,17 @@ def run_ours(settings, lanes: int, table: list[list[float]]) -> tuple[list[float
     driver = open_study(settings.study, settings.storage)
     numbers = [driver.ask().number for _ in range(lanes)]
     times, stopped = [], 0
+
+    def reports(row: list[float], steps: int, at_rung: bool) -> list[dict]:  # as LaneTrial.reports makes them
+        return [{"lane": i, "number": numbers[i], "steps": steps, "rung": 0 if at_rung else None,
+                 "values": [v] if at_rung else None, "now": None if at_rung else [v], "diverged": False,
+                 "finished": False, "last": False, "reach": True if at_rung else None, "scores": None}
+                for i, v in enumerate(row)]
+
     for chunk, row in enumerate(table, 1):
-        reports = [{"lane": i, "number": numbers[i], "steps": CHUNK * chunk, "rung": 0, "values": [v], "now": [v],
-                    "diverged": False, "finished": False, "last": False, "reach": True, "scores": None}
-                   for i, v in enumerate(row)]
+        at_rung = reports(row, CHUNK * chunk, True)
         t0 = time.perf_counter()
-        answer = broker.step(0, chunk, STATIC, reports, True)
+        answer = broker.step(0, chunk, STATIC, at_rung, True)
         times.append(time.perf_counter() - t0)
         stopped += len(answer["ended"])
         for lane, new in answer["new"].items():
@@ -64,11 +69,9 @@ def run_ours(settings, lanes: int, table: list[list[float]]) -> tuple[list[float
     # then steps between rungs: each lane only tells its objective so far (its curve in Optuna)
     between = []
     for k, row in enumerate(table, 1):
-        reports = [{"lane": i, "number": numbers[i], "steps": CHUNK * len(table) + k, "rung": None, "values": None,
-                    "now": [v], "diverged": False, "finished": False, "last": False, "reach": None, "scores": None}
-                   for i, v in enumerate(row)]
+        curve_only = reports(row, CHUNK * len(table) + k, False)
         t0 = time.perf_counter()
-        broker.step(0, len(table) + k, STATIC, reports, True)
+        broker.step(0, len(table) + k, STATIC, curve_only, True)
         between.append(time.perf_counter() - t0)
     print(f"us      seconds a step between rungs (each lane's value for its curve only): "
           f"{' '.join(f'{t:.3f}' for t in between)}  mean {sum(between) / len(between):.3f}", flush=True)

@@ -142,11 +142,10 @@ class LaneBroker:
                 if r["steps"] >= told["at"]:
                     ended[r["lane"]] = {"status": told["status"], "why": told["why"]}
                 continue
-            if r.get("now") is not None and r["rung"] is None \
-                    and (now := config_score(r["now"], None, metric)) is not None \
+            if r.get("now") is not None and (now := config_score(r["now"], None, metric)) is not None \
                     and r["steps"] not in t._cached_frozen_trial.intermediate_values:  # (once: a replayed chunk)
-                t.report(now, step=int(r["steps"]))  # its curve, as optuna-dashboard shows a trial's (at a
-                # rung its value is reported where it is judged)
+                t.report(now, step=int(r["steps"]))  # its curve between rungs (a rung's value is reported
+                # where it is judged)
             if r["diverged"]:
                 ended[r["lane"]] = self._stop(t, r, "diverged", "diverged")
             elif r["finished"]:
@@ -533,9 +532,9 @@ class LaneTrial:
                 left = runner.total_chunks - len(runner.curves)
                 reach = runner.config.env_steps_after(runner.lane_chunks(c) + left) >= target
             diverged = bool(r.diverged[c].any())
-            now = None  # its objective so far, on the chunks Optuna is told as intermediate values
-            if not diverged and runner.lane_chunks(c) in reported:
-                now = values if values is not None else _floats(runner.lane_objective([c])[0])
+            now = None  # its objective so far, on the chunks Optuna is told (at a rung: its `values`)
+            if not diverged and rung is None and runner.lane_chunks(c) in reported:
+                now = _floats(runner.lane_objective([c])[0])
             out.append({"lane": c, "number": lane.number, "steps": steps, "rung": rung, "values": values,
                         "now": now, "diverged": diverged, "finished": c in finished, "last": last,
                         "reach": reach, "scores": self._evaluated[c][0] if c in self._evaluated else None})

@@ -61,17 +61,24 @@ def stopped_marks(configs: pd.DataFrame, curves: pd.DataFrame, column: str = "ev
     ``value``: its mean over seeds there, else at its last chunk with one, NaN where it has none).
     Empty for a study whose lanes were not refilled (no ``stopped`` column: every trial there ends
     together)."""
-    columns = ["config_id", "status", "env_steps", "value"]
+    rows = [(cid, status, *_mark(curve)) for cid, status, curve in _stopped_curves(configs, curves, column)]
+    return pd.DataFrame(rows, columns=["config_id", "status", "env_steps", "value"])
+
+
+def _mark(curve: pd.Series) -> tuple[int, float]:
+    """Where a mean curve (by env steps) stopped: its last env steps, its last finite value (NaN: none)."""
+    finite = curve.dropna()
+    return int(curve.index.max()), float(finite.iloc[-1]) if len(finite) else np.nan
+
+
+def _stopped_curves(configs: pd.DataFrame, curves: pd.DataFrame, column: str) -> list[tuple[str, str, pd.Series]]:
+    """(config_id, status, its mean curve over seeds by env steps) of each pruned or diverged
+    configuration of a lane study (none without a ``stopped`` column), from one groupby."""
     if "stopped" not in configs or not len(curves):
-        return pd.DataFrame(columns=columns)
+        return []
     ended = configs[configs.status.isin(["pruned", "diverged"])].set_index("config_id").status
     means = curves[curves.config_id.isin(ended.index)].groupby(["config_id", "env_steps"])[column].mean()
-    rows = []
-    for cid, curve in means.groupby(level=0):
-        finite = curve.dropna()
-        rows.append((cid, ended[cid], int(curve.index.get_level_values(1).max()),
-                     float(finite.iloc[-1]) if len(finite) else np.nan))
-    return pd.DataFrame(rows, columns=columns)
+    return [(cid, ended[cid], curve.droplevel(0)) for cid, curve in means.groupby(level=0)]
 
 
 def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objective: str = "final",
@@ -83,12 +90,11 @@ def curves_plot(configs: pd.DataFrame, curves: pd.DataFrame, path: Path, objecti
     column = "eval_return" if "eval_return" in curves and curves.eval_return.notna().any() else "episode_return"
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    marks = stopped_marks(configs, curves, column)
+    stopped = _stopped_curves(configs, curves, column)
     for status, color, label in (("pruned", "grey", "stopped early (x: where)"),
                                  ("diverged", "tab:red", "diverged (x: where; at the bottom: no finite return)")):
-        for i, (cid, at, value) in enumerate(marks.loc[marks.status == status, ["config_id", "env_steps", "value"]]
-                                             .itertuples(index=False)):
-            curve = curves[curves.config_id == cid].groupby("env_steps")[column].mean()
+        for i, (_, _, curve) in enumerate(c for c in stopped if c[1] == status):
+            at, value = _mark(curve)
             ax.plot(curve.index.to_numpy(), curve.to_numpy(), color=color, alpha=0.35, linewidth=0.8, zorder=1)
             where = {} if np.isfinite(value) else {"transform": ax.get_xaxis_transform()}
             ax.scatter([at], [value if np.isfinite(value) else 0.02], marker="x", color=color, s=14, zorder=1,

@@ -322,7 +322,6 @@ RECORDED = ("kernel_seconds", "compile_seconds", "trial_seconds", "error", "resu
             "checkpoint_seconds", "broker_seconds", "lanes_seconds")
 
 
-
 def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
     """Tells each Optuna trial of a trial record its state (idempotent)."""
     for c in record["configs"]:

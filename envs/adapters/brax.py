@@ -64,7 +64,7 @@ def _mend_fluid() -> None:
     ``jnp.clip(x, a_min=...)``, which this jax rejects (``TypeError: clip() got an unexpected
     keyword argument 'a_min'``), so the swimmer failed in every backend. ``brax.fluid`` alone gets
     a ``jax.numpy`` whose ``clip`` takes both spellings; nothing else changes, and with a jax that
-    still takes ``a_min`` nothing is done."""
+    still takes ``a_min`` nothing is done. Called once per process (from the cached :func:`brax_envs`)."""
     import types
 
     from brax import fluid
@@ -74,8 +74,6 @@ def _mend_fluid() -> None:
         return
     except TypeError:
         pass
-    if getattr(fluid.jp, "clip", None) is _clip:
-        return
     mended = types.ModuleType("jax.numpy")  # every other name is jax.numpy's own (PEP 562 __getattr__)
     mended.__getattr__ = lambda name: getattr(jnp, name)  # type: ignore[method-assign]
     mended.clip = _clip  # type: ignore[attr-defined]
