@@ -2,11 +2,14 @@
 
     ablation = ablation.run(settings, folder, placement, guard)   # after the final phase
 
-Start from the default configuration (the control). At each step, every hyperparameter not yet
-switched is switched on its own to the best configuration's value; those candidates train in
-the final phase's kernels (grouped by static config, as many as fit in one kernel) on the final
-phase's fresh seeds, so every point of the path is paired with every other (common random
-numbers). The switch that gains most is kept; repeat until the best configuration is reached.
+Start from the default configuration (the control). First every hyperparameter that differs is
+switched on its own to the best configuration's value; then the path switches them in the
+order of those gains, each point adding the next one. Both passes run as one batch of kernels
+each (grouped by static config) on the first round of the final phase's fresh seeds, so every
+point is paired with every other by seed (common random numbers). It answers: how much did each
+hyperparameter gain on its own from the default, and in that order, how much did each add to
+the ones before it. A greedy path that re-ranks after every switch answers the second question
+conditionally too, at d(d-1)/2 candidates instead of 2d-2.
 
 The path's two ends are the final phase's own runs of the control and of the best configuration
 (the same seeds: a run of them again would repeat them), so the path ends at the best
@@ -55,30 +58,47 @@ def differing(start: dict[str, Any], end: dict[str, Any]) -> list[str]:
 def path(start: dict[str, Any], end: dict[str, Any], start_scores: Scores, end_scores: Scores,
          measure: Measure, *, maximize: bool = True, metric: str = "mean",
          on_step: Callable[[int, int, int], None] | None = None) -> list[Step]:
-    """The greedy path from ``start`` to ``end`` (dicts of the searched names' values).
+    """The path from ``start`` to ``end`` (dicts of the searched names' values), ordered by each
+    switch's gain on its own.
 
-    ``measure({name: point})`` scores the candidates of one step (``point``: the current one
-    with ``name`` switched); the last step's only candidate is ``end`` itself, scored by
-    ``end_scores``. A candidate without a score (diverged, failed) gains least.
+    ``measure({name: point})`` scores a batch of points; it is called at most twice: the single
+    switches from ``start``, then the path's inner points (``name``: the last switch of that
+    point). The last point is ``end`` itself, scored by ``end_scores``. A point without a score
+    (diverged, failed) gains least. ``on_step(pass, passes, points)`` says what is measured next.
     """
-    current, remaining = dict(start), differing(start, end)
-    steps = [Step(0, None, None, start_scores, {})]
-    while remaining:
-        if on_step:
-            on_step(len(steps), len(steps) + len(remaining) - 1, len(remaining))
-        if len(remaining) == 1:
-            scores = {remaining[0]: end_scores}
-        else:
-            scores = measure({n: {**current, n: end[n]} for n in remaining})
-        means = {n: config_score(scores.get(n), None, metric) if scores.get(n) else None for n in remaining}
+    names = differing(start, end)
+    if not names:
+        return [Step(0, None, None, start_scores, {})]
 
-        def gain(n: str, means: dict[str, float | None] = means) -> float:
-            m = means[n]
-            return float("-inf") if m is None else m if maximize else -m
-        pick = max(remaining, key=gain)  # ties: the first in the best configuration's order
-        current[pick] = end[pick]
-        remaining.remove(pick)
-        steps.append(Step(len(steps), pick, end[pick], scores.get(pick), means))
+    def mean(scores: Scores) -> float | None:
+        return config_score(scores, None, metric) if scores else None
+
+    def gain(n: str, means: dict[str, float | None]) -> float:
+        m = means[n]
+        return float("-inf") if m is None else m if maximize else -m
+
+    passes = 1 if len(names) <= 2 else 2
+    if len(names) == 1:
+        singles: dict[str, Scores] = {names[0]: end_scores}
+    else:
+        if on_step:
+            on_step(1, passes, len(names))
+        singles = measure({n: {**start, n: end[n]} for n in names})
+    tried = {n: mean(singles.get(n)) for n in names}
+    order = sorted(names, key=lambda n: -gain(n, tried))  # stable: ties keep the best configuration's order
+    inner: dict[str, Scores] = {}
+    if len(order) > 2:
+        if on_step:
+            on_step(2, passes, len(order) - 2)
+        points, current = {}, dict(start)
+        for n in order[:-1]:
+            current = {**current, n: end[n]}
+            points[n] = dict(current)
+        inner = measure({n: p for n, p in points.items() if n != order[0]})
+    steps = [Step(0, None, None, start_scores, {})]
+    for k, n in enumerate(order, 1):
+        scores = end_scores if k == len(order) else singles.get(n) if k == 1 else inner.get(n)
+        steps.append(Step(k, n, end[n], scores, tried if k == 1 else {n: mean(scores)}))
     return steps
 
 
@@ -111,7 +131,6 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         folder.write_ablation({**base, "skipped": why, "steps": []})
         return None
     budget = settings.budget(placement.kind)
-    rounds = final_phase.rounds_of(settings, budget)
     records = folder.trials()
     kernels = 0
 
@@ -119,7 +138,8 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         def measure(points: dict[str, dict[str, Any]]) -> dict[str, Scores]:
             nonlocal kernels
             candidates = {n: candidate(settings, p, budget.timesteps) for n, p in points.items()}
-            plans, members = final_phase.final_plans(settings, budget, candidates, records, rounds)
+            # the first round of the final phase's seeds: paired with the ends, at a third or less of their cost
+            plans, members = final_phase.final_plans(settings, budget, candidates, records, 1)
             kernels += len(plans)
             runs = final_phase.collect(plans, members, run(plans))
             out: dict[str, Scores] = {}
@@ -128,10 +148,9 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
                 out[n] = None if j["failed"] else _seeds(j)
             return out
 
-        def on_step(step: int, steps: int, candidates: int) -> None:
-            how = ("the best configuration itself (its re-training above)" if candidates == 1 else
-                   f"{candidates} candidates on {rounds * budget.seeds} seeds")
-            say(f"ablation path, step {step}/{steps}: {how} ...")
+        def on_step(step: int, steps: int, points: int) -> None:
+            what = "each switched alone from the default" if step == 1 else "the path's inner points"
+            say(f"ablation path, pass {step}/{steps}: {points} configurations ({what}) on {budget.seeds} seeds ...")
 
         return path(control["params"], best["params"], _seeds(control), _seeds(best), measure,
                     maximize=settings.maximize, metric=study.metric, on_step=on_step)
@@ -140,7 +159,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     # every step's kernels in one Tune run (its actors reused), unless the kernels are stood in for
     steps = walk(run_plans) if run_plans else final_phase.tune_streamed(settings, folder, placement, guard, walk)
     out = {**base, "steps": [asdict(s) for s in steps], "kernels": kernels,
-           "seconds": round(time.monotonic() - t0, 1), "seeds": rounds * budget.seeds}
+           "seconds": round(time.monotonic() - t0, 1), "seeds": budget.seeds}
     folder.write_ablation(out)
     return out
 
@@ -174,8 +193,8 @@ def table(ablation: dict[str, Any]) -> Any:
         vals = np.array([np.nan if v is None else v for v in s["scores"] or []], float)
         finite = vals[np.isfinite(vals)]
         lo, hi = bootstrap_ci(finite)
-        gain = (np.nan, np.nan, np.nan) if prev is None or not len(vals) else paired_difference(
-            sign * vals, sign * prev)
+        n = min(len(vals), 0 if prev is None else len(prev))  # inner points run the ends' first seeds
+        gain = (np.nan, np.nan, np.nan) if not n else paired_difference(sign * vals[:n], sign * prev[:n])
         value = s["value"]
         rows.append(dict(step=s["step"], param=s["param"] or "(default)",
                          value="" if s["param"] is None else f"{value:.4g}" if isinstance(value, float)

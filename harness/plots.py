@@ -198,7 +198,7 @@ def ablation_plot(abl: pd.DataFrame, path: Path, objective: str = "final") -> Pa
                 fmt="o", capsize=4, color="tab:blue", label="score after the switch (95% CI over seeds)")
     ax.set_xticks(x, [f"{p}\n{v}" if v else p for p, v in zip(abl["param"], abl["value"], strict=True)],
                   fontsize=8)
-    ax.set(ylabel=f"score ({objective})", title="ablation path: default -> best, the largest gain first")
+    ax.set(ylabel=f"score ({objective})", title="ablation path: default -> best, by each switch's gain alone")
     return _save(plt, fig, path, ax)
 
 

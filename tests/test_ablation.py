@@ -62,33 +62,56 @@ def test_importance__too_few_or_pruned_or_diverged_configurations_give_none_and_
                                            "this study has 6")
 
 
-def test_ablation_path__switches_the_largest_gain_first_and_ends_at_the_best_configurations_own_scores():
-    start, end = {"a": 0, "b": 0.0, "c": "x", "same": 1}, {"a": 1, "b": 1.0, "c": "y", "same": 1}
-    weight = {"a": 10.0, "b": 1.0, "c": 0.0}
+def test_ablation_path__orders_the_switches_by_their_gain_alone_and_ends_at_the_best_configurations_own_scores():
+    start = {"a": 0, "b": 0.0, "c": "x", "d": 0, "same": 1}
+    end = {"a": 1, "b": 1.0, "c": "y", "d": 1, "same": 1}
+    weight = {"a": 10.0, "b": 1.0, "c": 0.0, "d": 0.5}
     calls = []
 
-    def score(point, seed):
-        return sum(weight[n] for n in weight if point[n] == end[n]) + 0.01 * seed
+    def score(point, seed):  # b and d together gain 5 more than alone: the path's points measure it
+        both = 5.0 if point["b"] == end["b"] and point["d"] == end["d"] else 0.0
+        return sum(weight[n] for n in weight if point[n] == end[n]) + both + 0.01 * seed
 
     def measure(points):
-        calls.append(sorted(points))
+        calls.append({n: dict(p) for n, p in points.items()})
         return {n: [score(p, s) for s in range(4)] for n, p in points.items()}
 
-    end_scores = [11.0 + 0.01 * s for s in range(4)]
+    end_scores = [16.5 + 0.01 * s for s in range(4)]
     steps = ablation.path(start, end, [0.01 * s for s in range(4)], end_scores, measure)
-    assert [s.param for s in steps] == [None, "a", "b", "c"]
-    assert calls == [["a", "b", "c"], ["b", "c"]]  # the last switch is the best configuration: not re-run
-    assert steps[-1].scores == end_scores
-    assert steps[1].tried == pytest.approx({"a": 10.015, "b": 1.015, "c": 0.015})
+    assert [s.param for s in steps] == [None, "a", "b", "d", "c"]
+    assert len(calls) == 2  # the single switches, then the path's inner points: one batch each
+    assert sorted(calls[0]) == ["a", "b", "c", "d"] and calls[0]["c"] == {**start, "c": "y"}
+    assert calls[1] == {"b": {**start, "a": 1, "b": 1.0}, "d": {**start, "a": 1, "b": 1.0, "d": 1}}
+    assert steps[-1].scores == end_scores  # the last point is the best configuration's re-training
+    assert steps[1].tried == pytest.approx({"a": 10.015, "b": 1.015, "c": 0.015, "d": 0.515})
+    assert steps[3].tried == pytest.approx({"d": 16.515})
     # minimizing: the switch that lowers the score most comes first; a failed candidate gains least
     flip = ablation.path(start, end, [0.0] * 4, [0.0] * 4,
                          lambda pts: {n: None if n == "b" else [-score(p, s) for s in range(4)]
                                       for n, p in pts.items()}, maximize=False)
-    assert [s.param for s in flip] == [None, "a", "c", "b"]
+    assert [s.param for s in flip] == [None, "a", "d", "c", "b"]
     table = ablation.table({"maximize": True, "steps": [s.__dict__ for s in steps]})
-    assert list(table.param) == ["(default)", "a", "b", "c"] and list(table.value) == ["", "1", "1", "y"]
-    assert table.gain.round(6).tolist()[1:] == [10.0, 1.0, 0.0]  # paired by seed: the noise cancels
+    assert list(table.param) == ["(default)", "a", "b", "d", "c"] and list(table.value) == ["", "1", "1", "1", "y"]
+    assert table.gain.round(6).tolist()[1:] == [10.0, 1.0, 5.5, 0.0]  # paired by seed: the noise cancels
     assert (table.gain_ci_low.round(6) == table.gain.round(6)).iloc[1:].all()
+    # inner points on fewer seeds than the ends: gains are paired over the seeds both have
+    short = [dict(s.__dict__, scores=s.scores[:2]) if 0 < s.step < 4 else s.__dict__ for s in steps]
+    table = ablation.table({"maximize": True, "steps": short})
+    assert table.gain.round(6).tolist()[1:] == [10.0, 1.0, 5.5, 0.0] and table.seeds.tolist() == [4, 2, 2, 2, 4]
+
+
+def test_ablation_path__one_or_two_differing_names_need_at_most_one_batch():
+    calls = []
+
+    def measure(points):
+        calls.append(sorted(points))
+        return {n: [float(p["a"] + 2 * p["b"])] for n, p in points.items()}
+
+    one = ablation.path({"a": 0, "b": 0}, {"a": 1, "b": 0}, [0.0], [1.0], measure)
+    assert [s.param for s in one] == [None, "a"] and calls == []
+    two = ablation.path({"a": 0, "b": 0}, {"a": 1, "b": 1}, [0.0], [3.0], measure)
+    assert [s.param for s in two] == [None, "b", "a"] and calls == [["a", "b"]]
+    assert [s.scores for s in two] == [[0.0], [2.0], [3.0]]
 
 
 def test_ablation__runs_after_the_final_phase_on_its_seeds_and_reports_the_path(tmp_path, monkeypatch, capsys):
@@ -104,9 +127,9 @@ def test_ablation__runs_after_the_final_phase_on_its_seeds_and_reports_the_path(
     assert [s["param"] for s in steps][:2] == [None, "lr"]  # only lr changes the score here
     assert steps[0]["scores"] == final["control"]["scores"] and steps[-1]["scores"] == best["scores"]
     assert steps[1]["tried"]["lr"] > max(v for k, v in steps[1]["tried"].items() if k != "lr")
-    # every ablation kernel: the final phase's seeds (round r: trial r of the FINAL stream)
+    # every ablation kernel: the final phase's first round of seeds (trial 0 of the FINAL stream)
     rounds = final_phase.rounds_of(settings, settings.budget("cpu"))
-    assert {(p.trial, p.stream, p.seeds) for p in seen[before:]} == {(r, FINAL, 2) for r in range(rounds)}
+    assert rounds > 1 and {(p.trial, p.stream, p.seeds) for p in seen[before:]} == {(0, FINAL, 2)}
     assert out["kernels"] == len(seen) - before > 0
     if "num_minibatches" in names:  # a static choice: switching it needs a kernel of its own
         want = {final["control"]["params"]["num_minibatches"], best["params"]["num_minibatches"]}
@@ -123,7 +146,9 @@ def test_ablation__runs_after_the_final_phase_on_its_seeds_and_reports_the_path(
     assert f"; {out['kernels']} extra kernels, " in path_line and "(--no-ablation skips it)" in path_line
     assert lines[-1] == "hyperparameter importance needs at least 8 completed configurations; this study has 6"
     out_text = capsys.readouterr().out
-    assert f"ablation path, step 1/{len(names)}: {len(names)} candidates on {rounds * 2} seeds ..." in out_text
+    passes = 1 if len(names) <= 2 else 2
+    assert (f"ablation path, pass 1/{passes}: {len(names)} configurations (each switched alone from the default) "
+            f"on 2 seeds ...") in out_text
 
 
 def test_ablation__turned_off_or_without_a_final_phase_runs_nothing(tmp_path, monkeypatch):
