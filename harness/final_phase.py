@@ -29,6 +29,7 @@ from harness.settings import Settings
 from harness.space import Budget, label
 
 CONTROL = "default"  # the control's id in final.json and the reports
+NEW_SHAPE_COMPILE_S = 30.0  # a kernel shape the search never compiled, on a CPU: init, chunk and evaluation
 T = TypeVar("T")
 RunPlans = Callable[[list[TrialPlan]], list[dict[str, Any] | None]]  # each plan's last result (None: failed)
 
@@ -148,9 +149,12 @@ def final_plans(settings: Settings, budget: Budget, candidates: dict[str, Candid
                  and "kernel_seconds" in r and "compile_seconds" in r]
         # a kernel's time for one configuration's budget (a lane trial trains several budgets' worth)
         kernel_s = [r["kernel_seconds"] * budget.timesteps / max(r["env_steps"], 1) for r in timed]
+        # a new width compiles from scratch: at least the study's slowest compile, which the
+        # persistent cache can make a load of a few seconds (NEW_SHAPE_COMPILE_S as the floor)
+        compiled = [r["compile_seconds"] for r in records if "compile_seconds" in r]
         width = final_width(len(ids), budget.configs_per_trial, rounds=rounds,
                             kernel_s=statistics.median(kernel_s) if timed else None,
-                            compile_s=max(r["compile_seconds"] for r in timed) if timed else None)
+                            compile_s=max([NEW_SHAPE_COMPILE_S, *compiled]) if timed else None)
         for start in range(0, len(ids), width):
             batch = ids[start:start + width]
             padded = batch + [batch[0]] * (width - len(batch))

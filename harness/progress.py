@@ -31,19 +31,20 @@ class Progress:
     """Trials done out of ``total``, the best configuration so far, and env steps per second.
 
     Args:
-        total: the study's trials.
+        total: the study's trials (None: open-ended, a time budget's search).
         metric: ``mean`` or ``iqm`` over seeds.
         maximize: the study's direction.
         records: trial records already on disk (a resumed study).
         say: where lines go (stdout by default).
     """
 
-    def __init__(self, total: int, *, metric: str, maximize: bool, records: list[dict[str, Any]] | None = None,
+    def __init__(self, total: int | None, *, metric: str, maximize: bool, records: list[dict[str, Any]] | None = None,
                  say: Callable[[str], None] = say) -> None:
         self.total, self.metric, self.maximize, self.say = total, metric, maximize, say
         self.best: tuple[float, str, dict[str, Any]] | None = None
         self.done = 0
         self.running: dict[str, int] = {}  # env steps of each running Tune trial (all its runs)
+        self.leading: dict[str, float] = {}  # each running trial's best configuration on its chunks so far
         self.steps_done = 0  # env steps of the trials finished in this run
         self.last_print, self.last_steps = time.monotonic(), 0
         for rec in records or []:
@@ -61,6 +62,7 @@ class Progress:
         """A trial's record was written: one line saying how it ended and the study's best."""
         self.done += 1
         self.steps_done += self.running.pop(record.get("tune_trial_id", ""), 0)
+        self.leading.pop(record.get("tune_trial_id", ""), None)
         self._note_best(record)
         values = [v for c in record["configs"] if (v := config_value(c, self.metric)) is not None]
         pick = max if self.maximize else min
@@ -76,11 +78,18 @@ class Progress:
                 "failed": "FAILED" + (f": {record['error']}" if record.get("error") else "")}[record["status"]]
         best = (f" | study best {self.best[0]:.1f} ({self.best[1]}: {fmt_params(self.best[2])})"
                 if self.best else "")
-        self.say(f"[{self.done}/{self.total}] trial {record['trial']}: {what}{best}")
+        self.say(f"[{self.done}{self._of}] trial {record['trial']}: {what}{best}")
 
-    def result(self, tune_trial_id: str, env_steps: int, running: int) -> None:
-        """A running trial reported ``env_steps`` (all its runs together); every 15 s a line."""
+    @property
+    def _of(self) -> str:
+        return "" if self.total is None else f"/{self.total}"
+
+    def result(self, tune_trial_id: str, env_steps: int, running: int, score: float | None = None) -> None:
+        """A running trial reported ``env_steps`` (all its runs together) and ``score``, its best
+        configuration's objective on the chunks so far; every 15 s a line."""
         self.running[tune_trial_id] = env_steps
+        if score is not None and score == score:  # NaN: nothing scored yet
+            self.leading[tune_trial_id] = float(score)
         self.tick(running)
 
     def tick(self, running: int) -> None:
@@ -93,7 +102,10 @@ class Progress:
         rate = (steps - self.last_steps) / (now - self.last_print)
         self.last_print, self.last_steps = now, steps
         best = f", best {self.best[0]:.1f} ({self.best[1]})" if self.best else ""
-        head = f"  {self.done}/{self.total} trials done, {running} running{best}; "
+        if self.leading:  # the first score to look at, long before a trial ends
+            lead = (max if self.maximize else min)(self.leading.values())
+            best += f", leading running trial {lead:.1f} so far"
+        head = f"  {self.done}{self._of} trials done, {running} running{best}; "
         if steps == 0:
             self.say(head + "waiting for their first chunk (each worker compiles its kernel first)")
         else:

@@ -40,8 +40,9 @@ class SearchOutcome:
 
 
 def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
-        say: Callable[[str], None] = progress_say) -> SearchOutcome:
-    """Runs the study's missing trials (all of them for a new study).
+        say: Callable[[str], None] = progress_say, timeplan: Any = None) -> SearchOutcome:
+    """Runs the study's missing trials (all of them for a new study); with ``timeplan``
+    (:class:`harness.timeplan.TimePlan`), new trials until its search share is spent instead.
 
     Raises:
         StudyError: the Optuna storage cannot be opened, or the results disk refused a write.
@@ -63,10 +64,19 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     stale = reconcile(ostudy, records, keep=going_on(ostudy, adopt))
     if records or stale or adopt:
         say(resuming_line(len(records), stale, adopt))
-    progress = Progress(trials, metric=settings.study.metric, maximize=settings.maximize, records=records)
+    progress = Progress(None if timeplan else trials, metric=settings.study.metric, maximize=settings.maximize,
+                        records=records)
     remaining = trials - len(records)
-    if remaining <= 0:
+    if remaining <= 0 and timeplan is None:
         return SearchOutcome(progress.done, trials)
+    closed = [False]
+
+    def until() -> bool:
+        if timeplan is None:
+            return False
+        timeplan.learn(folder.trials(), budget.timesteps)
+        closed[0] = closed[0] or not timeplan.search_open()
+        return closed[0]
     scheduler = asha(settings, budget)
     broker = BrokerHandle(settings, budget) if settings.scheduler == "lanes" else None
     try:  # from here on the broker's actor is stopped however this ends
@@ -80,14 +90,16 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
             first_statics=settings.first_statics(budget))
         # trials still running when it stops stay in inflight/ and RUNNING in Optuna: resumed next run
         tuning.run(settings, folder, placement, guard, kind="run", searcher=searcher, scheduler=scheduler,
-                   num_samples=remaining, callbacks=[tuning.ProgressCallback(progress)],
-                   halt=lambda: sink.same_failure is not None)
+                   num_samples=-1 if timeplan else remaining, callbacks=[tuning.ProgressCallback(progress)],
+                   halt=lambda: sink.same_failure is not None, until=until if timeplan else None)
     finally:
         if broker:
             broker.stop()
     if sink.same_failure:
         raise StudyError(f"every trial failed the same way, so the study stopped: {sink.same_failure} "
                          f"(records in {folder.root}; fix it, then resume with: {settings.resume_command})")
+    if timeplan is not None:  # the search's share spent: done; stopped before it: interrupted
+        return SearchOutcome(progress.done, progress.done if closed[0] else progress.done + 1)
     return SearchOutcome(progress.done, trials)
 
 

@@ -21,9 +21,11 @@ from typing import Any, Literal
 from harness.folder import ResultsFolder, StudyMeta
 from harness.kernel import SEARCH, TrialPlan
 from harness.records import RecordsError
+from harness.timeplan import parse_duration
 from harness.space import PBT, Budget, Categorical, Int, LogUniform, Study, StudyError, static_points
 
 RESUME_FIXED = ("configs_per_trial", "seeds", "timesteps")  # budget values a resumed study keeps
+OPEN_TRIALS = 100_000  # a time-budgeted search's bound on trials: the time ends it long before
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Options:
     smoke: bool = False
     top_k: int | None = None  # configurations re-trained at the end (None: the study's; 0: none)
     ablation: bool = True  # the ablation path from the default to the best configuration, after the re-training
+    time: str | None = None  # --time: a wall-clock budget for the whole study ('5m')
 
     def given(self) -> dict[str, int | None]:
         return {"trials": self.trials, "configs_per_trial": self.configs_per_trial, "seeds": self.seeds,
@@ -67,6 +70,7 @@ class Settings:
     ablation: bool = True  # the ablation path after the final phase (harness.ablation)
     rounds: float | None = None  # with lanes: a lane trial's length in trials (with_rounds); None: not set yet
     optuna_study: str = ""  # the Optuna study's name in the storage (with_optuna_study); "": the study's name
+    time_s: float | None = None  # --time in seconds: the search runs trials until its share is spent
 
     @property
     def config_fields(self) -> frozenset[str]:
@@ -124,6 +128,13 @@ class Settings:
         from harness.storage import free_study_name
 
         return dataclasses.replace(self, optuna_study=free_study_name(self.study.name, self.storage))
+
+    def with_open_trials(self, kind: str) -> tuple[Settings, Budget]:
+        """With a time budget: the device's budget with as many trials as the time allows
+        (:data:`OPEN_TRIALS` as a bound; the search stops proposing when its share is spent)."""
+        key = "gpu" if kind == "gpu" else "cpu"
+        budget = dataclasses.replace(self.budgets[key], trials=OPEN_TRIALS)
+        return dataclasses.replace(self, budgets={**self.budgets, key: budget}), budget
 
     def with_rounds(self, budget: Budget, slots: int, stored: StudyMeta | None) -> Settings:
         """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy (the
@@ -298,6 +309,12 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
         if value is not None and not value.strip():
             raise StudyError(f"{flag} is empty: give a value or leave it out")
     scheduler = options.scheduler or study.scheduler
+    if options.time is not None and options.trials is not None:
+        raise StudyError("--time and --trials cannot go together: --time runs trials until the search's share of "
+                         "the time is spent; give one of them")
+    if options.time is not None and scheduler == "lanes":
+        raise StudyError("--time runs whole trials until the search's share is spent, and a lane trial is as long "
+                         "as several; use --scheduler asha, none or pbt with --time")
     if options.top_k is not None:
         if options.top_k < 0:
             raise StudyError(f"--top-k must be 0 or more, got {options.top_k}")
@@ -310,7 +327,8 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
     settings = Settings(study=study, algo=spec, budgets=budgets, scheduler=scheduler,  # type: ignore[arg-type]
                         checkpoint=checkpoint, device_bytes=device_bytes, sampler=options.sampler,
                         storage=options.storage or folder.optuna_url(), address=options.address,
-                        smoke=options.smoke, resume_command=resume_command, ablation=options.ablation)
+                        smoke=options.smoke, resume_command=resume_command, ablation=options.ablation,
+                        time_s=None if options.time is None else parse_duration(options.time))
     if options.smoke:
         settings = _smoke_statics(settings)
     client = (options.address or "").startswith("ray://")

@@ -19,6 +19,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from harness.cli import Parser
 from harness.cluster import ClusterError, Placement
@@ -51,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
                         "training inside each trial's kernel; none: run every trial to the end (default: the "
                         "study's, usually asha)")
     p.add_argument("--no-asha", action="store_true", help="the same as --scheduler none")
+    p.add_argument("--time", metavar="DURATION",
+                   help="a wall-clock budget for the whole study on this machine ('5m', '90s', '1h30m'): trials "
+                        "of the study's shape run until the search's share is spent, the rest is kept for the "
+                        "re-training, the ablation path and the reports. A resumed study gets it anew for what "
+                        "is left. A time too short for one trial is refused with the shortest that fits")
     p.add_argument("--checkpoint-every", metavar="EVERY", default="60s",
                    help="how often a running trial saves its whole kernel, so a trial whose worker or driver "
                         "died goes on from there: seconds ('60s', the default; stretched to keep saving under "
@@ -119,7 +125,7 @@ def _resolve(args: argparse.Namespace, resume: str) -> tuple[Settings, ResultsFo
                       timesteps=args.timesteps, scheduler="none" if args.no_asha else args.scheduler,
                       checkpoint_every=args.checkpoint_every, device_memory=args.device_memory,
                       sampler=args.sampler, storage=args.storage, address=args.address, smoke=args.smoke,
-                      top_k=args.top_k, ablation=not args.no_ablation)
+                      top_k=args.top_k, ablation=not args.no_ablation, time=args.time)
     if args.fresh:  # checked in full before the old results are moved aside
         settings = resolve(study, options, stored=None, folder=folder, resume_command=resume)
         stored, aside = prepare_folder(folder, study.name, fresh=True)
@@ -149,22 +155,34 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
             budget = settings.budget(place.kind)
             place = cluster.fit_trials(settings, budget, place)
             settings = settings.with_rounds(budget, place.slots, stored)  # the slots the trials fit in
+            plan = time_plan(settings, budget, place, started) if settings.time_s else None
+            if plan:
+                settings, budget = settings.with_open_trials(place.kind)
             settings = settings.with_optuna_study(stored, own_storage=settings.storage == folder.optuna_url())
             created = datetime.datetime.now().isoformat(timespec="seconds")
             folder.write_meta(settings.meta(budget, stored, created))
             for line in header(settings, budget, place, folder, *urls):
                 print(line, flush=True)
-            outcome = search_phase.run(settings, folder, place, guard)
+            if plan:
+                print(plan.describe(budget.configs_per_trial, budget.seeds, budget.timesteps), flush=True)
+            before = {r["trial"] for r in folder.trials()}
+            phases, mark = {}, time.monotonic()
+            outcome = search_phase.run(settings, folder, place, guard, timeplan=plan)
+            phases["search"], mark = time.monotonic() - mark, time.monotonic()
             if outcome.interrupted:
                 report.build(folder)
                 print(f"\ninterrupted: {outcome.done}/{outcome.total} trials saved in {folder}. "
                       f"Resume with: {settings.resume_command}", file=sys.stderr)
                 return 130
             final_phase.run(settings, folder, place, guard)
+            phases["final"], mark = time.monotonic() - mark, time.monotonic()
             ablation.run(settings, folder, place, guard)
+            phases["ablation"] = time.monotonic() - mark
             paths = report.build(folder)
-            summary.show(paths, done=outcome.done, minutes=(time.monotonic() - started) / 60,
-                         ablation=folder.ablation())
+            total = time.monotonic() - started
+            searched = [r for r in folder.trials() if r["trial"] not in before]
+            summary.show(paths, done=outcome.done, minutes=total / 60, ablation=folder.ablation(),
+                         timing=summary.time_line(total, phases, searched, place.slots))
             return 0
     except (StudyError, RecordsError, ClusterError, KeyboardInterrupt):
         raise
@@ -174,13 +192,47 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
         raise
 
 
+def time_plan(settings: Settings, budget: Budget, place: Placement, started: float) -> Any:
+    """The ``--time`` plan: one trial's kernel compiled and timed here (on a CPU; on a GPU the
+    driver cannot time the trials' device, so the plan starts from the first trials' own times).
+
+    Raises:
+        StudyError: the time is too short for one trial, the re-training and the ablation path.
+    """
+    from harness import cluster, final_phase, timeplan
+    from harness.space import static_points
+
+    s = settings.study
+    statics = list(static_points(s, set(settings.config_fields)))
+    final_k, abl_k = timeplan.kernels_after_search(
+        s.top_k, final_phase.rounds_of(settings, budget), budget.configs_per_trial, len(s.space),
+        len(statics) > 1, settings.ablation)
+    compile_s = kernel_s = 0.0
+    if place.kind == "cpu":
+        params, static, hparams = settings.control(budget.timesteps)
+        probe = settings.plan(static, [hparams] * budget.configs_per_trial, seeds=budget.seeds, trial=0)
+        print(f"--time: timing one trial's kernel on this machine ({budget.configs_per_trial} configs x "
+              f"{budget.seeds} seeds; its compile is kept for the trials) ...", flush=True)
+        compile_s, kernel_s = timeplan.calibrate(probe, cluster.cache_dir())
+    plan = timeplan.TimePlan(total_s=settings.time_s or 0.0, started=started, kernel_s=kernel_s,
+                             compile_s=compile_s, slots=place.slots, final_kernels=final_k,
+                             ablation_kernels=abl_k, shapes=max(len(statics), 1))
+    if place.kind == "cpu" and plan.total_s < plan.minimum_s():
+        need = timeplan.fmt_duration(plan.minimum_s())
+        raise StudyError(f"--time {timeplan.fmt_duration(plan.total_s)} is too short for even one trial of "
+                         f"{s.name} on this machine (a trial's kernel {kernel_s:.0f} s, its compile {compile_s:.0f} "
+                         f"s, then the re-training and the ablation path): give --time {need} or more")
+    return plan
+
+
 def header(settings: Settings, budget: Budget, place: Placement, folder: ResultsFolder,
            dashboard: str | None, metrics: str | None) -> list[str]:
     """What a study prints before its first trial: shape, objective, where results and Ray are."""
     from harness.stats import describe_objective
 
     s = settings.study
-    out = [f"study {s.name}: {budget.trials} trials x {budget.configs_per_trial} configs x {budget.seeds} seeds x "
+    trials = "trials for --time" if settings.time_s else f"{budget.trials} trials"
+    out = [f"study {s.name}: {trials} x {budget.configs_per_trial} configs x {budget.seeds} seeds x "
            f"{budget.timesteps:,} steps on {place.kind} ({place.slots} trial{'s' * (place.slots != 1)} at a time)",
            f"objective: {describe_objective(s.objective, s.threshold, s.config.get('eval_policy', 'greedy'))}; "
            f"{s.metric} over seeds, {s.direction}d",

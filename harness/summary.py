@@ -15,10 +15,10 @@ from harness.progress import fmt_params
 
 
 def lines(paths: dict[str, Path], *, done: int, minutes: float,
-          ablation: dict[str, Any] | None = None) -> list[str]:
+          ablation: dict[str, Any] | None = None, timing: str | None = None) -> list[str]:
     """The summary of a finished study from its report files (``report.build``'s paths) and
-    its ablation.json (``ablation``: what it cost)."""
-    out = [f"done: {done} trials in {minutes:.1f} min"]
+    its ablation.json (``ablation``: what it cost); ``timing``: where the time went (:func:`time_line`)."""
+    out = [f"done: {done} trials in {minutes:.1f} min"] + ([timing] if timing else [])
     if "best" in paths:
         b = json.loads(paths["best"].read_text())
         ev = b.get("reevaluation")
@@ -43,9 +43,30 @@ def lines(paths: dict[str, Path], *, done: int, minutes: float,
 
 
 def show(paths: dict[str, Path], *, done: int, minutes: float, ablation: dict[str, Any] | None = None,
-         say: Callable[[str], None] = print) -> None:
-    for line in lines(paths, done=done, minutes=minutes, ablation=ablation):
+         timing: str | None = None, say: Callable[[str], None] = print) -> None:
+    for line in lines(paths, done=done, minutes=minutes, ablation=ablation, timing=timing):
         say(line)
+
+
+def time_line(total_s: float, phases: dict[str, float], records: list[dict[str, Any]], slots: int) -> str:
+    """Where a study's wall time went: compiling and training (the search's trials' own seconds
+    over the ``slots`` that ran side by side), evaluating (the re-training and the ablation path:
+    ``phases["final"]``, ``phases["ablation"]``) and waiting (the rest: Ray starting, trials
+    scheduled, slots idle, reports). ``records``: the trials this run searched."""
+    compile_s = sum(r.get("compile_seconds", 0.0) for r in records) / max(slots, 1)
+    train_s = sum(r.get("kernel_seconds", 0.0) for r in records) / max(slots, 1)
+    search = phases.get("search", 0.0)
+    compile_s, train_s = min(compile_s, search), min(train_s, max(search - compile_s, 0.0))
+    evaluate_s = phases.get("final", 0.0) + phases.get("ablation", 0.0)
+    wait_s = max(total_s - compile_s - train_s - evaluate_s, 0.0)
+
+    def part(name: str, s: float) -> str:
+        return f"{name} {s / 60:.1f} min ({100 * s / max(total_s, 1e-9):.0f}%)"
+
+    return ("time: " + ", ".join([part("compiling", compile_s), part("training", train_s),
+                                   part("evaluating", evaluate_s), part("waiting", wait_s)])
+            + f" (evaluating: re-training {phases.get('final', 0.0) / 60:.1f} min, ablation path "
+              f"{phases.get('ablation', 0.0) / 60:.1f} min)")
 
 
 def ablation_line(abl: pd.DataFrame, raw: dict[str, Any]) -> str:

@@ -34,10 +34,11 @@ MAX_FAILURES = 2  # retries of a trial whose worker died (it goes on from its la
 def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
         kind: Literal["run", "final"], searcher: Searcher | None = None, scheduler: Any = None,
         num_samples: int = 1, param_space: dict[str, Any] | None = None,
-        callbacks: list[Any] | None = None, halt: Callable[[], bool] | None = None) -> tune.ResultGrid:
+        callbacks: list[Any] | None = None, halt: Callable[[], bool] | None = None,
+        until: Callable[[], bool] | None = None) -> tune.ResultGrid:
     """Runs one Tune experiment under ``folder/tune/<kind>-K``: the study's trainable, its
     placement, actor reuse, retries of dead workers, the disk guard's callback and stopper
-    (``halt``: another reason to stop the whole run). A final run (``kind="final"``) keeps each
+    (``halt``: another reason to stop the whole run; ``until``: once true, no new trial starts). A final run (``kind="final"``) keeps each
     trial's last checkpoint: the trained policies.
 
     Raises:
@@ -47,7 +48,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
 
     DiskErrorLog.install(guard)
     logging.getLogger("ray.tune.tune").addFilter(_not_incomplete_trials)
-    guarded = GuardedSearcher(searcher, guard) if searcher else None
+    guarded = GuardedSearcher(searcher, guard, until) if searcher else None
     seen = [TrialsSeen(guarded.trials)] if guarded else []
     tuner = tune.Tuner(
         trainable_for(settings.study.name, placement.resources),
@@ -102,12 +103,14 @@ class GuardedSearcher(Searcher):
     (``FINISHED``: with no trial running, a searcher that answers None keeps Tune asking again
     every second for up to 10 minutes before it looks at its stopper)."""
 
-    def __init__(self, searcher: Searcher, guard: DiskGuard) -> None:
+    def __init__(self, searcher: Searcher, guard: DiskGuard, until: Callable[[], bool] | None = None) -> None:
         super().__init__(metric=searcher.metric, mode=searcher.mode)
-        self.searcher, self.guard = searcher, guard
+        self.searcher, self.guard, self.until = searcher, guard, until
         self.trials: dict[str, Any] = {}  # Tune's trials by id (TrialsSeen): a failed one's error text
 
     def suggest(self, trial_id: str) -> dict | str | None:
+        if self.until is not None and self.until():  # the time budget's search share is spent
+            return Searcher.FINISHED
         config = self.guard.call(self.searcher.suggest, trial_id)
         return Searcher.FINISHED if self.guard.tripped else config
 
@@ -272,7 +275,8 @@ class ProgressCallback(tune.Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         plan = trial.config["plan"]
         steps = int(result.get("env_steps", 0)) * plan["seeds"] * len(plan["hparams"])
-        self.progress.result(trial.trial_id, steps, running=sum(t.status == "RUNNING" for t in trials))
+        self.progress.result(trial.trial_id, steps, running=sum(t.status == "RUNNING" for t in trials),
+                             score=None if result.get("done") else result.get("score"))
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         self.progress.tick(running=sum(t.status == "RUNNING" for t in trials))

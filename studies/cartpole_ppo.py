@@ -15,7 +15,7 @@ STUDY = Study(
         vf_coef=Uniform(0.25, 1.0),
         num_minibatches=Categorical((4, 8)),  # static: splits trials
     ),
-    cpu=Budget(trials=12, configs_per_trial=4, seeds=3, timesteps=300_000),
+    cpu=Budget(trials=8, configs_per_trial=4, seeds=3, timesteps=100_000),
     gpu=Budget(trials=16, configs_per_trial=64, seeds=16, timesteps=500_000),
     smoke=Budget(trials=2, configs_per_trial=2, seeds=2, timesteps=20_480),
 )
