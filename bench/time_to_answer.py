@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-HELD_OUT_TRIAL = 20_000  # the yardstick's seeds: this trial number of the final phase's stream, which no study runs
+HELD_OUT_TRIAL = 20_000  # the yardstick's seeds: a trial number of the final phase's stream no study runs
 # each study's budget and scheduler until 2026-12-06: the yardstick's budget, and --today's run
 YARDSTICK = {
     "cartpole_ppo": dict(trials=12, configs=4, seeds=3, timesteps=300_000, scheduler="asha"),
@@ -62,10 +62,12 @@ def study_file(folder: Path, name: str, seed: int) -> Path:
     return path
 
 
-def run_study(path: Path, out: Path, budget: dict[str, Any] | None) -> dict[str, Any]:
-    """One study as the CLI runs it (``budget``: overrides, None: the study's own); its wall time,
-    phases (from the summary's time line) and folder."""
+def run_study(path: Path, out: Path, budget: dict[str, Any] | None, tiny: bool = False) -> dict[str, Any]:
+    """One study as the CLI runs it (``budget``: overrides, None: the study's own; ``tiny``: the
+    top configuration alone re-trained, no ablation path); its wall time, phases (from the
+    summary's time line) and folder."""
     cmd = [sys.executable, "-m", "harness.study", str(path), "--out", str(out)]
+    cmd += ["--top-k", "1", "--no-ablation"] if tiny else []
     if budget:
         cmd += ["--trials", str(budget["trials"]), "--configs-per-trial", str(budget["configs"]),
                 "--seeds", str(budget["seeds"]), "--timesteps", str(budget["timesteps"])]
@@ -155,7 +157,7 @@ def main() -> None:
                 for v in versions:
                     budget = (dict(TINY, **({"scheduler": y["scheduler"]} if v == "today" else {})) if args.tiny
                               else y if v == "today" else None)
-                    run = run_study(path, Path(tmp) / v, budget)
+                    run = run_study(path, Path(tmp) / v, budget, tiny=args.tiny)
                     run.update(answer(run["folder"]))
                     rows[v].append(run)
                     print(f"{name} seed {seed} {v}: {run['wall_min']:.2f} min "

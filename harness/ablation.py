@@ -150,7 +150,8 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
 
         def on_step(step: int, steps: int, points: int) -> None:
             what = "each switched alone from the default" if step == 1 else "the path's inner points"
-            say(f"ablation path, pass {step}/{steps}: {points} configurations ({what}) on {budget.seeds} seeds ...")
+            say(f"ablation path, pass {step}/{steps}: {points} configurations ({what}) on {budget.seeds} "
+                "seeds ...")
 
         return path(control["params"], best["params"], _seeds(control), _seeds(best), measure,
                     maximize=settings.maximize, metric=study.metric, on_step=on_step)

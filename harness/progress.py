@@ -38,7 +38,8 @@ class Progress:
         say: where lines go (stdout by default).
     """
 
-    def __init__(self, total: int | None, *, metric: str, maximize: bool, records: list[dict[str, Any]] | None = None,
+    def __init__(self, total: int | None, *, metric: str, maximize: bool,
+                 records: list[dict[str, Any]] | None = None,
                  say: Callable[[str], None] = say) -> None:
         self.total, self.metric, self.maximize, self.say = total, metric, maximize, say
         self.best: tuple[float, str, dict[str, Any]] | None = None

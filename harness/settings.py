@@ -21,8 +21,8 @@ from typing import Any, Literal
 from harness.folder import ResultsFolder, StudyMeta
 from harness.kernel import SEARCH, TrialPlan
 from harness.records import RecordsError
-from harness.timeplan import parse_duration
 from harness.space import PBT, Budget, Categorical, Int, LogUniform, Study, StudyError, static_points
+from harness.timeplan import parse_duration
 
 RESUME_FIXED = ("configs_per_trial", "seeds", "timesteps")  # budget values a resumed study keeps
 OPEN_TRIALS = 100_000  # a time-budgeted search's bound on trials: the time ends it long before

@@ -220,8 +220,9 @@ def time_plan(settings: Settings, budget: Budget, place: Placement, started: flo
     if place.kind == "cpu" and plan.total_s < plan.minimum_s():
         need = timeplan.fmt_duration(plan.minimum_s())
         raise StudyError(f"--time {timeplan.fmt_duration(plan.total_s)} is too short for even one trial of "
-                         f"{s.name} on this machine (a trial's kernel {kernel_s:.0f} s, its compile {compile_s:.0f} "
-                         f"s, then the re-training and the ablation path): give --time {need} or more")
+                         f"{s.name} on this machine (a trial's kernel {kernel_s:.0f} s, its compile "
+                         f"{compile_s:.0f} s, then the re-training and the ablation path): give --time {need} "
+                         "or more")
     return plan
 
 

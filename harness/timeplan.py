@@ -118,9 +118,9 @@ class TimePlan:
     def describe(self, configs: int, seeds: int, timesteps: int) -> str:
         """The plan in one line, said at the start."""
         n = self.planned_trials()
-        return (f"time budget {fmt_duration(self.total_s)}: about {n} trials of {configs} configs x {seeds} seeds x "
-                f"{timesteps:,} steps in the search's {fmt_duration(self.search_s())} (a trial's kernel about "
-                f"{self.kernel_s:.0f} s here), then {fmt_duration(self.reserve_s())} for the re-training, "
+        return (f"time budget {fmt_duration(self.total_s)}: about {n} trials of {configs} configs x {seeds} "
+                f"seeds x {timesteps:,} steps in the search's {fmt_duration(self.search_s())} (a trial's kernel "
+                f"about {self.kernel_s:.0f} s here), then {fmt_duration(self.reserve_s())} for the re-training, "
                 f"the ablation path and the reports; new trials stop at the search's share")
 
 

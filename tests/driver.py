@@ -58,11 +58,13 @@ class FakeTune:
 
     def __call__(self, settings: Settings, folder: ResultsFolder, placement: Placement, guard: Any, *,
                  kind: str, searcher: Any = None, num_samples: int = 1, halt: Any = None, **kwargs: Any) -> None:
+        import itertools
+
         from harness.tuning import GuardedSearcher
 
         self.calls.append({"kind": kind, "num_samples": num_samples, **kwargs})
-        searcher = GuardedSearcher(searcher, guard)
-        for n in range(num_samples):
+        searcher = GuardedSearcher(searcher, guard, kwargs.get("until"))
+        for n in itertools.count() if num_samples == -1 else range(num_samples):  # -1: until FINISHED
             tid = f"fake{len(self.configs):03d}"
             config = searcher.suggest(tid)
             if config is None or config == searcher.FINISHED:

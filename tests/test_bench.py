@@ -43,6 +43,8 @@ TINY = {
     "search_efficiency.py": (["--tiny", "--envs", "cartpole", "--study-seeds", "1", "--methods", "trial,lane",
                               "--top-k", "1"],
                              ("ratio configs lane/trial cartpole:", "ratio best lane/trial cartpole:")),
+    "time_to_answer.py": (["--tiny", "--studies", "cartpole_ppo"],
+                          ("ratio time today/new cartpole_ppo:", "ratio answer new/today cartpole_ppo:")),
     "study_throughput.py": (["--configs", "2", "--seeds", "1", "--timesteps", "2048",
                              "--configs-per-trial", "1", "--no-warm"], "ratio evals/min us/naive:"),
 }
