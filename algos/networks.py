@@ -148,7 +148,9 @@ class TransformerActorCritic(nn.Module):
     """A :class:`CellTransformer` torso shared by a policy head and a value head (discrete).
 
     ``obs`` is a grid ``[..., *cells, F]`` (``obs_ndim`` dims, e.g. ``[H, W, F]``) whose cells
-    become the transformer's tokens. Returns ``(logits, None, value)`` like :class:`ActorCritic`.
+    become the transformer's tokens; with ``patch`` > 1 (a 2-D grid), each ``patch x patch`` square
+    of cells is one token (attention's cost falls with the square of the tokens). Returns
+    ``(logits, None, value)`` like :class:`ActorCritic`.
     """
 
     action_dim: int
@@ -157,11 +159,17 @@ class TransformerActorCritic(nn.Module):
     num_heads: int = 2
     num_layers: int = 2
     head_hidden: int = 64
+    patch: int = 1
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, None, jax.Array]:
         lead = obs.shape[: obs.ndim - self.obs_ndim]
-        cells = obs.reshape(*lead, -1, obs.shape[-1])
+        if self.patch > 1:  # [..., H, W, F] -> [..., H/p * W/p, p * p * F]
+            h, w, f, p = *obs.shape[-3:], self.patch
+            squares = jnp.moveaxis(obs.reshape(*lead, h // p, p, w // p, p, f), -4, -3)
+            cells = squares.reshape(*lead, (h // p) * (w // p), p * p * f)
+        else:
+            cells = obs.reshape(*lead, -1, obs.shape[-1])
         h = CellTransformer(self.embed_dim, self.num_heads, self.num_layers)(cells)
         pi = _dense(self.action_dim, 0.01)(nn.relu(_dense(self.head_hidden)(h)))
         value = _dense(1, 1.0)(nn.relu(_dense(self.head_hidden)(h)))

@@ -59,6 +59,7 @@ class PPOConfig:
     embed_dim: int = 32  # transformer only
     num_heads: int = 2
     num_layers: int = 2
+    patch: int = 1  # transformer on a 2-D grid: each patch x patch square of cells is one token
     use_action_mask: bool = True  # False: ignore the env's action mask (for comparison)
     normalize_observations: bool = False  # running mean/var per run, updated from each rollout
     squash: Literal["clip", "tanh"] = "clip"  # continuous actions: a Gaussian clipped to the box,
@@ -75,7 +76,7 @@ class PPOConfig:
     def __post_init__(self) -> None:
         require_positive(self, "num_envs", "num_steps", "num_minibatches", "update_epochs",
                          "updates_per_chunk", "eval_episodes", "embed_dim", "num_heads",
-                         "num_layers")
+                         "num_layers", "patch")
         require_layers(self)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r}; choose from {', '.join(ACTIVATIONS)}")
@@ -203,8 +204,11 @@ def network(config: PPOConfig, env: Environment, env_params: Any) -> nn.Module:
     if len(obs_shape) < 2 or not isinstance(space, Discrete):
         raise ValueError(f"network='transformer' needs a grid observation [..., cells, features] and "
                          f"discrete actions; {env.name} has observation shape {obs_shape} and {space}")
+    if config.patch > 1 and (len(obs_shape) != 3 or obs_shape[0] % config.patch or obs_shape[1] % config.patch):
+        raise ValueError(f"patch={config.patch} needs a 2-D grid observation [H, W, features] whose sides it "
+                         f"divides; {env.name} has observation shape {obs_shape}")
     return TransformerActorCritic(space.n, len(obs_shape), config.embed_dim, config.num_heads,
-                                  config.num_layers)
+                                  config.num_layers, patch=config.patch)
 
 
 def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:

@@ -89,15 +89,17 @@ class Progress:
         """A running trial reported ``env_steps`` (all its runs together) and ``score``, its best
         configuration's objective on the chunks so far; every 15 s a line."""
         self.running[tune_trial_id] = env_steps
+        first = not self.leading and self.best is None
         if score is not None and score == score:  # NaN: nothing scored yet
             self.leading[tune_trial_id] = float(score)
-        self.tick(running)
+        self.tick(running, now=first and bool(self.leading))  # the first score is said at once
 
-    def tick(self, running: int) -> None:
-        """Every 15 s a line, also while no trial has reported yet (Ray's workers starting, the
-        kernels compiling: on a GPU a minute or more with nothing else to say)."""
-        now = time.monotonic()
-        if now - self.last_print < THROUGHPUT_EVERY:
+    def tick(self, running: int, *, now: bool = False) -> None:
+        """Every 15 s a line (``now``: this one at once), also while no trial has reported yet
+        (Ray's workers starting, the kernels compiling: on a GPU a minute or more with nothing
+        else to say)."""
+        at, now = now, time.monotonic()
+        if now - self.last_print < THROUGHPUT_EVERY and not at:
             return
         steps = self.steps_done + sum(self.running.values())
         rate = (steps - self.last_steps) / (now - self.last_print)

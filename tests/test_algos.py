@@ -17,7 +17,7 @@ import envs
 from algos import ppo, sac
 from algos.common import batched
 from algos.gae import gae
-from algos.networks import ActorCritic, SACActor, TransformerActorCritic, TwinQ, orthogonal
+from algos.networks import ActorCritic, CellTransformer, SACActor, TransformerActorCritic, TwinQ, orthogonal
 from envs import dungeon
 from tests.probe_envs import PointAtTheCell, Probe
 
@@ -322,6 +322,30 @@ def test_transformer__selected_by_static_config_with_its_cells_as_tokens():
     assert "CellTransformer_0" in state.params["params"]
     logits, _, value = net.apply(state.params, jnp.zeros((3, 5, 5, 5)))
     assert logits.shape == (3, 4) and value.shape == (3,)
+
+
+def test_transformer__patches_make_each_square_of_cells_one_token():
+    import flax.linen as nn
+
+    env, p = envs.make("Snake-v1", size=6)
+    config = ppo.PPOConfig(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=1, total_timesteps=512,
+                           network="transformer", embed_dim=16, num_heads=2, num_layers=1, patch=2)
+    net = ppo.network(config, env, p)
+    grid = jax.random.normal(jax.random.key(1), (6, 6, 5))
+    params = net.init(jax.random.key(0), grid)
+    cells = params["params"]["CellTransformer_0"]
+    assert cells["position"].shape == (9, 16) and cells["Dense_0"]["kernel"].shape == (2 * 2 * 5, 16)
+    # token k is square (k // 3, k % 3)'s four cells, row by row: the same encoding from tokens cut by hand
+    tokens = jnp.stack([grid[2 * i:2 * i + 2, 2 * j:2 * j + 2].reshape(20) for i in range(3) for j in range(3)])
+    h = CellTransformer(16, 2, 1).apply({"params": cells}, tokens)
+    top = params["params"]
+    hidden = nn.relu(nn.Dense(64).apply({"params": top["Dense_3"]}, h))  # built inside Dense_2's call
+    value = nn.Dense(1).apply({"params": top["Dense_2"]}, hidden)
+    assert jnp.allclose(net.apply(params, grid)[2], value[0], atol=1e-5)
+    with pytest.raises(ValueError, match="patch=4 needs a 2-D grid observation"):
+        ppo.network(dataclasses.replace(config, patch=4), env, p)
+    with pytest.raises(ValueError, match="patch=4 needs a 2-D grid observation"):
+        ppo.network(dataclasses.replace(config, patch=4), env, p)
 
 
 def test_transformer__needs_a_grid_observation():

@@ -107,8 +107,10 @@ def test_progress__a_running_trials_score_shows_before_any_trial_ends(monkeypatc
     monkeypatch.setattr(p, "last_print", -1e9)
     p.result("a", 1000, running=2, score=float("nan"))
     assert "leading" not in lines[-1] and lines[-1].startswith("  0 trials done, 2 running; 1,000 env steps")
-    p.last_print = -1e9
-    p.result("a", 2000, running=2, score=412.5)
-    p.last_print = -1e9
-    p.result("b", 2000, running=2, score=300.0)
+    p.result("a", 2000, running=2, score=412.5)  # the first score: said at once, not 15 s later
     assert lines[-1].startswith("  0 trials done, 2 running, leading running trial 412.5 so far; ")
+    p.result("b", 3000, running=2, score=300.0)
+    assert len(lines) == 2  # then every 15 s again
+    p.last_print = -1e9
+    p.result("b", 4000, running=2, score=450.0)
+    assert lines[-1].startswith("  0 trials done, 2 running, leading running trial 450.0 so far; ")
