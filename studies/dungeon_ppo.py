@@ -27,7 +27,7 @@ STUDY = Study(
     final_seeds=8,
     reference=-0.86,
     reference_label="random masked play",
-    cpu=Budget(trials=12, configs_per_trial=4, seeds=2, timesteps=500_000),
+    cpu=Budget(trials=6, configs_per_trial=4, seeds=2, timesteps=500_000),
     gpu=Budget(trials=16, configs_per_trial=64, seeds=8, timesteps=2_000_000),
     smoke=Budget(trials=2, configs_per_trial=2, seeds=2, timesteps=4_096),
 )
