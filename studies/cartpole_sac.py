@@ -20,7 +20,7 @@ STUDY = Study(
         **SAC,
         batch_size=Categorical((128, 256)),  # static: splits trials
     ),
-    cpu=Budget(trials=6, configs_per_trial=2, seeds=2, timesteps=60_000),
+    cpu=Budget(trials=12, configs_per_trial=2, seeds=2, timesteps=60_000),
     gpu=Budget(trials=12, configs_per_trial=32, seeds=8, timesteps=60_000),
     smoke=Budget(trials=2, configs_per_trial=2, seeds=2, timesteps=3_000),
 )
