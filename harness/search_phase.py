@@ -69,12 +69,14 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     remaining = trials - len(records)
     if remaining <= 0 and timeplan is None:
         return SearchOutcome(progress.done, trials)
-    closed = [False]
+    closed, learned = [False], [0]
 
     def until() -> bool:
         if timeplan is None:
             return False
-        timeplan.learn(folder.trials(), budget.timesteps)
+        if progress.done != learned[0]:  # a trial ended since: its kernel time refines the plan
+            learned[0] = progress.done
+            timeplan.learn(folder.trials(), budget.timesteps)
         closed[0] = closed[0] or not timeplan.search_open()
         return closed[0]
     scheduler = asha(settings, budget)
