@@ -745,7 +745,7 @@ def test_searcher__a_lane_studys_first_trials_take_each_static_combination_in_tu
 
     study = studies.get("cartpole_ppo")
     lanes = settings_for(study, tmp_path, scheduler="lanes")
-    assert lanes.first_statics(study.cpu) == [{"num_minibatches": 4}, {"num_minibatches": 8}]  # 4 lane trials
+    assert lanes.first_statics(study.cpu) == [{"num_minibatches": 4}, {"num_minibatches": 8}]  # 3 lane trials
     assert lanes.first_statics(dataclasses.replace(study.cpu, trials=2)) == []  # 1 lane trial: TPE chooses
     assert settings_for(study, tmp_path).first_statics(study.cpu) == []  # trial-level ASHA: the sampler's choice
     for order in ([4, 8], [8, 4]):  # one sampler seed cannot draw both orders
