@@ -9,7 +9,7 @@ each (grouped by static config) on the first round of the final phase's fresh se
 point is paired with every other by seed (common random numbers). It answers: how much did each
 hyperparameter gain on its own from the default, and in that order, how much did each add to
 the ones before it. A greedy path that re-ranks after every switch answers the second question
-conditionally too, at d(d-1)/2 candidates instead of 2d-2.
+conditionally too, at d(d+1)/2 - 1 candidates instead of 2d-2.
 
 The path's two ends are the final phase's own runs of the control and of the best configuration
 (the same seeds: a run of them again would repeat them), so the path ends at the best
@@ -40,8 +40,8 @@ Measure = Callable[[dict[str, dict[str, Any]]], dict[str, Scores]]  # candidate 
 @dataclass(frozen=True)
 class Step:
     """One point of the path: the hyperparameter switched at this step (None at the start) and
-    the scores per seed of the configuration it gives; ``tried``: every candidate's score at
-    this step (the switch of each hyperparameter not yet switched)."""
+    the scores per seed of the configuration it gives; ``tried``: at step 1 every single switch's
+    score from the default (the order of the path), later this point's own."""
 
     step: int
     param: str | None

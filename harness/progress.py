@@ -111,6 +111,8 @@ class Progress:
         head = f"  {self.done}{self._of} trials done, {running} running{best}; "
         if steps == 0:
             self.say(head + "waiting for their first chunk (each worker compiles its kernel first)")
+        elif at:  # said at once: a rate over a moment would mislead
+            self.say(head + f"{steps:,} env steps")
         else:
             self.say(head + f"{steps:,} env steps, {rate:,.0f} steps/s")
 

@@ -77,7 +77,8 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         if progress.done != learned[0]:  # a trial ended since: its kernel time refines the plan
             learned[0] = progress.done
             timeplan.learn(folder.trials(), budget.timesteps)
-        closed[0] = closed[0] or not timeplan.search_open()
+        first = not records and not learned[0] and not folder.inflight()  # a study's first trial always runs
+        closed[0] = closed[0] or not (first or timeplan.search_open())
         return closed[0]
     scheduler = asha(settings, budget)
     broker = BrokerHandle(settings, budget) if settings.scheduler == "lanes" else None
@@ -100,8 +101,9 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     if sink.same_failure:
         raise StudyError(f"every trial failed the same way, so the study stopped: {sink.same_failure} "
                          f"(records in {folder.root}; fix it, then resume with: {settings.resume_command})")
-    if timeplan is not None:  # the search's share spent: done; stopped before it: interrupted
-        return SearchOutcome(progress.done, progress.done if closed[0] else progress.done + 1)
+    if timeplan is not None:  # done when the share was spent and nothing is left in flight (Ctrl-C leaves some)
+        left = len(folder.inflight())
+        return SearchOutcome(progress.done, progress.done + (left if closed[0] else max(left, 1)))
     return SearchOutcome(progress.done, trials)
 
 

@@ -155,12 +155,12 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
             budget = settings.budget(place.kind)
             place = cluster.fit_trials(settings, budget, place)
             settings = settings.with_rounds(budget, place.slots, stored)  # the slots the trials fit in
+            settings = settings.with_optuna_study(stored, own_storage=settings.storage == folder.optuna_url())
+            created = datetime.datetime.now().isoformat(timespec="seconds")
+            folder.write_meta(settings.meta(budget, stored, created))  # the study's own trials: a resume without --time
             plan = time_plan(settings, budget, place, started) if settings.time_s else None
             if plan:
                 settings, budget = settings.with_open_trials(place.kind)
-            settings = settings.with_optuna_study(stored, own_storage=settings.storage == folder.optuna_url())
-            created = datetime.datetime.now().isoformat(timespec="seconds")
-            folder.write_meta(settings.meta(budget, stored, created))
             for line in header(settings, budget, place, folder, *urls):
                 print(line, flush=True)
             if plan:
@@ -213,7 +213,11 @@ def time_plan(settings: Settings, budget: Budget, place: Placement, started: flo
         probe = settings.plan(static, [hparams] * budget.configs_per_trial, seeds=budget.seeds, trial=0)
         print(f"--time: timing one trial's kernel on this machine ({budget.configs_per_trial} configs x "
               f"{budget.seeds} seeds; its compile is kept for the trials) ...", flush=True)
-        compile_s, kernel_s = timeplan.calibrate(probe, cluster.cache_dir())
+        try:
+            compile_s, kernel_s = timeplan.calibrate(probe, cluster.cache_dir())
+        except Exception as err:  # the study's own kernel fails: said here as a trial would say it
+            why = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+            raise StudyError(f"--time: timing one trial's kernel of {s.name} failed: {why}") from None
     plan = timeplan.TimePlan(total_s=settings.time_s or 0.0, started=started, kernel_s=kernel_s,
                              compile_s=compile_s, slots=place.slots, final_kernels=final_k,
                              ablation_kernels=abl_k, shapes=max(len(statics), 1))

@@ -2,7 +2,7 @@
 its share is spent, the rest is kept for the re-training, the ablation path and the reports.
 
     plan = timeplan.TimePlan(total_s=300, slots=2, ...)      # from a measured trial kernel
-    plan.search_open(records)                                # may one more trial start now?
+    plan.search_open()                                       # may one more trial start now?
 
 The shares are estimated from one trial's kernel timed before the study starts
 (:func:`calibrate`), then from the search's own records as they arrive. Nothing here imports
@@ -15,7 +15,7 @@ import math
 import re
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from harness.space import StudyError
@@ -70,8 +70,6 @@ class TimePlan:
     final_kernels: int
     ablation_kernels: int
     shapes: int = 1  # static combinations: each compiles once
-    elapsed_before_search: float = 0.0
-    history: list[float] = field(default_factory=list)
 
     @property
     def deadline(self) -> float:
@@ -81,7 +79,7 @@ class TimePlan:
         """The time kept after the search: the re-training, the ablation path, the reports."""
         # the re-training is one batch of kernels, the ablation path two (its second waits on the first)
         waves = math.ceil(self.final_kernels / self.slots) + math.ceil(self.ablation_kernels / self.slots) + 1 * (
-            self.ablation_kernels > self.slots)
+            self.ablation_kernels > 0)
         batches = (self.final_kernels > 0) + 2 * (self.ablation_kernels > 0)
         return waves * self.kernel_s + batches * PHASE_OVERHEAD_S + REPORTS_S
 
@@ -152,8 +150,8 @@ def calibrate(plan: Any, cache_dir: str | None) -> tuple[float, float]:
     runner = runner_for(plan)
     runner.chunk()  # its first call pays the rest of the compile
     compile_s = time.perf_counter() - t0
-    if runner.done:  # a one-chunk budget: its compile and its chunk are not told apart
-        return compile_s, 0.0
+    if runner.done:  # a one-chunk budget: its compile and its chunk are not told apart, so both count
+        return compile_s, compile_s
     t1 = time.perf_counter()
     runner.chunk()
     chunk_s = time.perf_counter() - t1

@@ -344,8 +344,9 @@ def test_transformer__patches_make_each_square_of_cells_one_token():
     assert jnp.allclose(net.apply(params, grid)[2], value[0], atol=1e-5)
     with pytest.raises(ValueError, match="patch=4 needs a 2-D grid observation"):
         ppo.network(dataclasses.replace(config, patch=4), env, p)
-    with pytest.raises(ValueError, match="patch=4 needs a 2-D grid observation"):
-        ppo.network(dataclasses.replace(config, patch=4), env, p)
+    flat, fp = envs.make("CartPole-v1")  # no grid at all
+    with pytest.raises(ValueError, match="needs a grid observation"):
+        ppo.network(config, flat, fp)
 
 
 def test_transformer__needs_a_grid_observation():

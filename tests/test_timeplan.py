@@ -32,6 +32,8 @@ def test_time_plan__keeps_the_reserve_and_closes_the_search_when_a_trial_would_r
     p = _plan()
     # waves: 4 final kernels on 2 slots (2), 5 ablation kernels (3) and its second batch (1); 3 batches
     assert p.reserve_s() == 6 * 10 + 3 * timeplan.PHASE_OVERHEAD_S + timeplan.REPORTS_S
+    # the ablation path's second batch waits for its first, however many slots
+    assert _plan(slots=8).reserve_s() == 3 * 10 + 3 * timeplan.PHASE_OVERHEAD_S + timeplan.REPORTS_S
     last_start = p.deadline - p.reserve_s() - p.trial_s()
     assert p.search_open(now=last_start) and not p.search_open(now=last_start + 0.1)
     assert p.minimum_s() == timeplan.RAY_START_S + 20 + p.trial_s() + p.reserve_s() < p.total_s
@@ -79,9 +81,10 @@ def test_search_phase__with_a_time_plan_proposes_trials_until_it_closes_and_is_n
     folder.write_meta(settings.meta(settings.budget("cpu"), None, "now"))
     outcome = search_phase.run(settings, folder, CPU, DiskGuard(folder, ""), timeplan=_Trials(5))
     assert fake.calls[0]["num_samples"] == -1
-    assert (outcome.done, outcome.interrupted) == (5, False) and len(folder.trials()) == 5  # not the study's 2
+    # a study's first trial always starts, then 5 more while the plan is open; not the study's 2
+    assert (outcome.done, outcome.interrupted) == (6, False) and len(folder.trials()) == 6
     out = capsys.readouterr().out
-    assert "[5] trial 4: " in out and "[5/" not in out
+    assert "[6] trial 5: " in out and "[6/" not in out
 
 
 def test_study_cli__time_mistakes_are_one_line_before_ray(tmp_path, capsys):
@@ -108,7 +111,7 @@ def test_progress__a_running_trials_score_shows_before_any_trial_ends(monkeypatc
     p.result("a", 1000, running=2, score=float("nan"))
     assert "leading" not in lines[-1] and lines[-1].startswith("  0 trials done, 2 running; 1,000 env steps")
     p.result("a", 2000, running=2, score=412.5)  # the first score: said at once, not 15 s later
-    assert lines[-1].startswith("  0 trials done, 2 running, leading running trial 412.5 so far; ")
+    assert lines[-1] == "  0 trials done, 2 running, leading running trial 412.5 so far; 2,000 env steps"
     p.result("b", 3000, running=2, score=300.0)
     assert len(lines) == 2  # then every 15 s again
     p.last_print = -1e9
