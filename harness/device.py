@@ -19,6 +19,16 @@ def configure_xla() -> None:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
+def use_compile_cache(cache_dir: str) -> None:
+    """Every compile of this process goes to (and is read from) the node's persistent cache, even
+    a fast one: trials of one shape then compile it once per node."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
 def driver_on_cpu() -> None:
     """Keeps this process's JAX on the CPU backend (the study driver: it validates and builds
     small arrays, and must never take GPU memory from the trials). Set through JAX's config,

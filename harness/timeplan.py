@@ -138,14 +138,11 @@ def calibrate(plan: Any, cache_dir: str | None) -> tuple[float, float]:
     """Compiles ``plan``'s kernel here and times two chunks: (compile seconds, the kernel's
     seconds for the whole budget). The compiled program goes to the node's persistent cache,
     where the trials find it."""
-    import jax
-
+    from harness.device import use_compile_cache
     from harness.kernel import runner_for
 
     if cache_dir:
-        jax.config.update("jax_compilation_cache_dir", cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        use_compile_cache(cache_dir)
     t0 = time.perf_counter()
     runner = runner_for(plan)
     runner.chunk()  # its first call pays the rest of the compile

@@ -58,19 +58,15 @@ def setup_process(device: dict[str, Any]) -> None:
     global _SETUP_DONE
     if _SETUP_DONE:
         return
-    from harness.device import configure_xla
+    from harness.device import configure_xla, use_compile_cache
 
     configure_xla()  # no GPU preallocation: a process holds what its kernels need
     if device.get("gpu_fraction"):  # a cap, so one trial cannot starve the others on its GPU
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.95 * device['gpu_fraction']:.3f}")
     elif device.get("pin_cores"):
         _pin_cpu_cores(int(device.get("cpus", 1)))
-    import jax
-
     if device.get("cache_dir"):
-        jax.config.update("jax_compilation_cache_dir", device["cache_dir"])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        use_compile_cache(device["cache_dir"])
     _SETUP_DONE = True
 
 
