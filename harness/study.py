@@ -157,7 +157,7 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
             settings = settings.with_rounds(budget, place.slots, stored)  # the slots the trials fit in
             settings = settings.with_optuna_study(stored, own_storage=settings.storage == folder.optuna_url())
             created = datetime.datetime.now().isoformat(timespec="seconds")
-            folder.write_meta(settings.meta(budget, stored, created))  # the study's own trials: a resume without --time
+            folder.write_meta(settings.meta(budget, stored, created))  # its own trials: a resume without --time
             plan = time_plan(settings, budget, place, started) if settings.time_s else None
             if plan:
                 settings, budget = settings.with_open_trials(place.kind)
