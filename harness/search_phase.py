@@ -71,9 +71,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         return SearchOutcome(progress.done, trials)
     closed, learned = [False], [0]
 
-    def until() -> bool:
-        if timeplan is None:
-            return False
+    def until() -> bool:  # passed to Tune only with a time plan
         if progress.done != learned[0]:  # a trial ended since: its kernel time refines the plan
             learned[0] = progress.done
             timeplan.learn(folder.trials(), budget.timesteps)
