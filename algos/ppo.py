@@ -313,18 +313,18 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
     def epoch(carry: tuple, key: jax.Array, hp: PPOHParams, batch: tuple,
               stats: RunningStats | None) -> tuple[tuple, tuple]:
         params, opt_state = carry
+        flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]), batch)
         perm = jax.random.permutation(key, config.batch_size)
-        shuffled = jax.tree.map(
-            lambda x: x.reshape(config.batch_size, *x.shape[2:])[perm].reshape(
-                config.num_minibatches, config.minibatch_size, *x.shape[2:]), batch)
 
-        def minibatch(c: tuple, mb: tuple) -> tuple[tuple, tuple]:
+        def minibatch(c: tuple, idx: jax.Array) -> tuple[tuple, tuple]:
             p, o = c
+            mb = jax.tree.map(lambda x: x[idx], flat)  # gathered here: no shuffled copy of the batch
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, hp, mb, stats)
             updates, o = optimizer(hp).update(grads, o, p)
             return (optax.apply_updates(p, updates), o), (loss, *aux)
 
-        return jax.lax.scan(minibatch, (params, opt_state), shuffled)
+        return jax.lax.scan(minibatch, (params, opt_state),
+                            perm.reshape(config.num_minibatches, config.minibatch_size))
 
     def update(state: PPOState, hp: PPOHParams) -> tuple[PPOState, PPOMetrics]:
         state, traj, fin, illegal = rollout(state)
