@@ -1,4 +1,4 @@
-"""Time to the answer: each registered study's default run as the README gives it, timed by
+"""Time to the answer: each registered study's default run (``python -m harness.study NAME``), timed by
 phase, its answer scored on a yardstick that does not move with the budget.
 
     python bench/time_to_answer.py                                  # every study; cartpole_ppo on 3 study seeds

@@ -1,5 +1,5 @@
 """Environments of one's own: named by import path or file, held by a study file, checked against the
-contract before Ray starts; the README's example study run as written; studies from entry points."""
+contract before Ray starts; the example study of docs/own-env.md run as written; studies from entry points."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from envs.check import EnvContractError
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
+def _doc_example() -> str:
+    text = (ROOT / "docs" / "own-env.md").read_text()
     match = re.search(r"<!-- example: my_study.py -->\n```python\n(.*?)```", text, re.S)
-    assert match, "README lost its example study file"
+    assert match, "docs/own-env.md lost its example study file"
     return match.group(1)
 
 
@@ -43,8 +43,8 @@ def _one_error_line(result: subprocess.CompletedProcess, expect: str) -> None:
 
 @pytest.fixture
 def corridor_module(tmp_path, monkeypatch):
-    """``corridor_mod.py`` (the README's env) importable as a module, and the same file by path."""
-    (tmp_path / "corridor_mod.py").write_text(_readme_example() + textwrap.dedent("""
+    """``corridor_mod.py`` (the env of docs/own-env.md) importable as a module, and the same file by path."""
+    (tmp_path / "corridor_mod.py").write_text(_doc_example() + textwrap.dedent("""
         def make_env():
             env = Corridor()
             return env, env.default_params.replace(length=5)
@@ -85,7 +85,7 @@ def test_make__bad_code_names_say_what_is_wrong(corridor_module, tmp_path):
 # -- the contract check -----------------------------------------------------------------------------
 
 BROKEN = {
-    # what is changed in the README's corridor -> what the check must say
+    # what is changed in the docs' corridor -> what the check must say
     "obs_dtype": ("return jax.nn.one_hot(state.pos, params.length), state",
                   "return jax.nn.one_hot(state.pos, params.length).astype(jnp.int32), state",
                   "reset observation has shape (8,) dtype int32"),
@@ -117,7 +117,7 @@ BROKEN = {
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_check__names_what_is_wrong_in_one_line(case, tmp_path):
     old, new, expect = BROKEN[case]
-    source = _readme_example()
+    source = _doc_example()
     assert old in source
     path = tmp_path / f"broken_{case}.py"
     path.write_text(source.replace(old, new))
@@ -149,18 +149,18 @@ def test_check__accepts_every_registered_env():
 def test_study_cli__broken_env_is_one_line_before_ray(tmp_path):
     old, new, _ = BROKEN["obs_dtype"]
     path = tmp_path / "my_study.py"
-    path.write_text(_readme_example().replace(old, new))
+    path.write_text(_doc_example().replace(old, new))
     r = _study(str(path), "--smoke", "--out", str(tmp_path / "results"))
     _one_error_line(r, "study corridor_ppo: env 'Corridor': reset observation has shape (8,) dtype int32")
     assert not (tmp_path / "results").exists(), "nothing may start before the env is checked"
 
 
-# -- the README's example, run as written, and an env module next to a study file -------------------
+# -- the docs' example, run as written, and an env module next to a study file ---------------------
 
 @pytest.mark.slow
-def test_readme_example__custom_env_study_runs_and_learns(tmp_path, ray_env):
-    (tmp_path / "my_study.py").write_text(_readme_example())
-    # the README's command, less the final phase and the ablation path (the registered smoke study
+def test_docs_example__custom_env_study_runs_and_learns(tmp_path, ray_env):
+    (tmp_path / "my_study.py").write_text(_doc_example())
+    # the docs' command, less the final phase and the ablation path (the registered smoke study
     # tests both end to end: the same remote tasks on any env)
     r = _study("my_study.py", "--smoke", "--top-k", "0", "--out", "results", env=ray_env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -173,14 +173,14 @@ def test_readme_example__custom_env_study_runs_and_learns(tmp_path, ray_env):
 
 
 def write_side_study(folder: Path) -> Path:
-    """The README's study as ``folder/side_study.py`` (study "side") whose env comes from the
+    """The docs' example study as ``folder/side_study.py`` (study "side") whose env comes from the
     module beside it, ``corridor_envs.py`` (a 4-cell corridor); returns the study file."""
-    (folder / "corridor_envs.py").write_text(_readme_example().split("STUDY = Study(")[0] + textwrap.dedent("""
+    (folder / "corridor_envs.py").write_text(_doc_example().split("STUDY = Study(")[0] + textwrap.dedent("""
         def make_env():
             env = Corridor()
             return env, env.default_params.replace(length=4)
     """))
-    study = _readme_example().split("STUDY = Study(")[1]
+    study = _doc_example().split("STUDY = Study(")[1]
     study = study.replace("env=Corridor(),", 'env="corridor_envs:make_env",').replace('"corridor_ppo"', '"side"')
     (folder / "side_study.py").write_text("from harness.space import *\nSTUDY = Study(" + study)
     return folder / "side_study.py"

@@ -317,15 +317,15 @@ def test_summary__tuned_vs_default_line_says_whether_tuning_helped():
     assert tuned_vs_default_line(t, "auc").endswith("tuning helps; above random play (-1): 481.00 vs 301.00, 1.6x")
 
 
-def test_readme__study_file_example_loads_and_validates(tmp_path):
+def test_docs__study_file_example_loads_and_validates(tmp_path):
     import re
     from pathlib import Path
 
     import studies
     from algos.ppo import PPOConfig, PPOHParams
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    code = re.search(r"```python\n(from harness.space import .*?STUDY = Study\(.*?)```", readme, re.S)[1]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "own-env.md").read_text()
+    code = re.search(r"```python\n(from harness.space import .*?STUDY = Study\(.*?)```", page, re.S)[1]
     (tmp_path / "my_study.py").write_text(code)
     study = studies.get(str(tmp_path / "my_study.py"))
     assert study.objective == "steps" and study.direction == "minimize" and study.baseline == {"lr": 1e-3}
