@@ -50,6 +50,20 @@ def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect, capsys, monke
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("env, extra", [("gymnax:Acrobot-v1", "adapters"), ("jumanji:Snake-v1", "adapters"),
+                                        ("brax:ant", "brax")])
+def test_train_cli__an_adapter_whose_library_is_missing_names_the_extra(env, extra, capsys, monkeypatch):
+    from harness import train
+
+    library = env.split(":")[0]
+    monkeypatch.setitem(sys.modules, library, None)  # `import LIBRARY` fails, as where it is not installed
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+    assert train.main(["--env", env]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: {env} needs {library}, which is not installed ({library} missing): "
+                           f"pip install -e '.[{extra}]'"), err
+
+
 def test_train_cli__bad_input_exits_2_through_the_module_entry_point():
     result = _run("--seeds", "0")
     assert result.returncode == 2 and "error: --seeds must be >= 1" in result.stderr, result.stderr
