@@ -5,13 +5,12 @@
     reports/progress.png      best score so far against trial number
     reports/importance.png    each hyperparameter's importance by fANOVA and PED-ANOVA
     reports/ablation.png      the ablation path from the default to the best configuration, 95% CIs
-    reports/index.html        leaderboard, the plots, the best configuration
+    reports/index.html        the answer, what mattered, the leaderboard, the plots
 """
 
 from __future__ import annotations
 
 import html
-import json
 import math
 import warnings
 from pathlib import Path
@@ -202,29 +201,100 @@ def ablation_plot(abl: pd.DataFrame, path: Path, objective: str = "final") -> Pa
     return _save(plt, fig, path, ax)
 
 
+PAGE_STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table.board{border-collapse:collapse;font-size:13px}
+.board td,.board th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}
+.board td:first-child,.board th:first-child{text-align:left}
+.scroll{overflow-x:auto;max-width:100%} .pair{display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start}
+.pair>div{flex:1 1 420px;min-width:0} img{max-width:100%}
+pre.cmd{background:#f6f6f6;padding:.8em;font-size:12px;white-space:pre-wrap;word-break:break-all;user-select:all}
+.files a{margin-right:.8em}"""
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return html.escape(str(v))
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<div class='scroll'><table class='board'><tr>{head}</tr>{body}</table></div>"
+
+
+def _answer_html(best: dict[str, Any] | None) -> str:
+    """The best configuration as a short table beside the default's values, its command, tuned vs default."""
+    if not best:
+        return "<p>No configuration has been scored yet.</p>"
+    r = best.get("reevaluation") or {}
+    default = ((best.get("tuned_vs_default") or {}).get("default") or {}).get("params", {})
+    score = (f"re-evaluated {r['mean']:.4g} (95% CI {r['ci95'][0]:.4g} .. {r['ci95'][1]:.4g}) on "
+             f"{r['seeds']} fresh seeds" if r.get("mean") is not None and r.get("ci95") else
+             f"search score {_fmt(best.get('search_score'))}")
+    rows = [[k, v, default.get(k, "")] for k, v in sorted(best.get("params", {}).items())]
+    command = (best.get("reproduce") or {}).get("command")
+    return (f"<p><b>{html.escape(best['config_id'])}</b>: {score}. Ranked by "
+            f"{html.escape(best.get('ranked_by', ''))}.</p>"
+            + _table(["hyperparameter", "best", "default"], rows)
+            + (f"<p>Train it again:</p><pre class='cmd'>{html.escape(command)}</pre>" if command else "")
+            + _control_html(best))
+
+
+def _mattered_html(images: dict[str, Path], ablation: pd.DataFrame | None, importance: pd.DataFrame | None) -> str:
+    """The ablation path as a table beside its plot, then the importance beside its plot."""
+    parts = []
+    if ablation is not None and len(ablation) >= 2:
+        rows = [[r.param, r.value if isinstance(r.value, str) or not pd.isna(r.value) else "", r.mean,
+                 "" if pd.isna(r.gain) else r.gain,
+                 "" if pd.isna(r.gain_ci_low) else f"{r.gain_ci_low:+.3g} .. {r.gain_ci_high:+.3g}", r.seeds]
+                for r in ablation.itertuples()]
+        parts.append("<h3>Ablation path: default to best, one switch at a time</h3><div class='pair'><div>"
+                     + _table(["switch", "to", "score", "gain", "gain 95% CI", "seeds"], rows) + "</div>"
+                     + (f"<div><img src='{images['ablation'].name}' alt='ablation path'></div>"
+                        if "ablation" in images else "") + "</div>")
+    if importance is not None and len(imp := importance[importance["scope"] == "all"]):
+        wide = imp.pivot(index="param", columns="evaluator", values="importance")
+        wide = wide.loc[wide.mean(axis=1).sort_values(ascending=False).index]
+        rows = [[param, *vals] for param, vals in zip(wide.index, wide.to_numpy().tolist(), strict=True)]
+        n = int(imp["configs"].max())
+        parts.append(f"<h3>Importance ({n} configurations)</h3><div class='pair'><div>"
+                     + _table(["hyperparameter", *wide.columns], rows) + "</div>"
+                     + (f"<div><img src='{images['importance'].name}' alt='importance'></div>"
+                        if "importance" in images else "") + "</div>")
+    return "".join(parts) or (
+        "<p>No ablation path or importance yet (too few configurations, or --no-ablation).</p>")
+
+
+LEADERBOARD = ["rank", "config_id", "status"]  # then the searched hyperparameters, then these scores
+SCORES = ["mean", "ci_low", "ci_high", "seeds", "env_steps"]
+
+
 def index_html(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, images: list[Path],
-               best: dict[str, Any] | None) -> Path:
-    table = configs.head(20).to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="",
-                                     classes="board", border=0)
-    imgs = "\n".join(f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in images)
-    best_html = "<p>No configuration has been scored yet.</p>"
-    if best:
-        best_html = (f"<p>Ranked by {html.escape(best.get('ranked_by', ''))}.</p>" + _control_html(best)
-                     + f"<pre>{html.escape(json.dumps(best, indent=1))}</pre>")
+               best: dict[str, Any] | None, ablation: pd.DataFrame | None = None,
+               importance: pd.DataFrame | None = None) -> Path:
+    """reports/index.html: the answer first, then what mattered, then the leaderboard and the plots;
+    the raw records as links."""
+    by_stem = {p.stem: p for p in images}
+    cols = [c for c in [*LEADERBOARD, *meta.space, *SCORES] if c in configs.columns]
+    top = configs.head(20)[cols]
+    board = _table(cols, top.astype(object).where(top.notna(), "").to_numpy().tolist())
+    plots = "\n".join(f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in images
+                      if p.stem not in ("ablation", "importance"))
+    files = " ".join(f'<a href="{n}">{n}</a>' for n in ("best.json", "configs.csv", "seeds.csv", "curves.csv",
+                                                        "final.csv", "importance.csv", "ablation.csv")
+                     if folder.report(n).exists() or n == "best.json" and best)
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(meta.study)}: rl-harness report</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} table.board{{border-collapse:collapse;
-font-size:12px}} .board td,.board th{{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}}
-img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;font-size:12px;overflow-x:auto}}</style></head>
+<style>{PAGE_STYLE}</style></head>
 <body><h1>{html.escape(meta.study)}</h1>
 <p>{html.escape(meta.env)} / {html.escape(meta.algo)}; budget
-{html.escape(json.dumps(meta.budget))}. Files: <a href="configs.csv">configs.csv</a>,
-<a href="seeds.csv">seeds.csv</a>, <a href="curves.csv">curves.csv</a>, <a href="final.csv">final.csv</a>,
-<a href="best.json">best.json</a>, <a href="importance.csv">importance.csv</a>,
-<a href="ablation.csv">ablation.csv</a>.</p>
-<h2>Best configuration</h2>{best_html}
-<h2>Leaderboard (top 20)</h2>{table}
-<h2>Plots</h2>{imgs}
+{html.escape(", ".join(f"{k} {v}" for k, v in meta.budget.items()))}.</p>
+<h2>The answer</h2>{_answer_html(best)}
+<h2>What mattered</h2>{_mattered_html(by_stem, ablation, importance)}
+<h2>Leaderboard (top 20 of {len(configs)})</h2>{board}
+<h2>Plots</h2>{plots}
+<p class="files">Records: {files}</p>
 </body></html>
 """
     path = folder.report("index.html")
@@ -298,14 +368,9 @@ def _control_html(best: dict[str, Any]) -> str:
                     f"default {r['default']:.4g}{times}.")
     return (f"<h3>Tuned vs default (same fresh seeds)</h3><table class='board'><tr><th></th><th>configuration"
             f"</th><th>score</th></tr><tr><td>tuned</td><td>{html.escape(t['tuned']['config_id'])}</td>"
-            f"<td>{cell(t['tuned'])}</td></tr><tr><td>default</td><td>{html.escape(_params(t['default']))}</td>"
+            f"<td>{cell(t['tuned'])}</td></tr><tr><td>default</td><td>the defaults above</td>"
             f"<td>{cell(t['default'])}</td></tr><tr><td>paired difference</td><td>{d['paired_seeds']} seeds</td>"
             f"<td>{diff}</td></tr></table><p>{verdict}</p>")
-
-
-def _params(default: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in default.get("params", {}).items())
 
 
 def build(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, curves: pd.DataFrame,
@@ -323,5 +388,5 @@ def build(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, curves:
         ablation_plot(ablation, folder.report("ablation.png"), objective) if ablation is not None else None]
     images = [p for p in made if p is not None]
     paths = {p.stem + "_png": p for p in images}
-    paths["index"] = index_html(folder, meta, configs, images, best)
+    paths["index"] = index_html(folder, meta, configs, images, best, ablation, importance)
     return paths

@@ -38,8 +38,8 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         until: Callable[[], bool] | None = None) -> tune.ResultGrid:
     """Runs one Tune experiment under ``folder/tune/<kind>-K``: the study's trainable, its
     placement, actor reuse, retries of dead workers, the disk guard's callback and stopper
-    (``halt``: another reason to stop the whole run; ``until``: once true, no new trial starts). A final run (``kind="final"``) keeps each
-    trial's last checkpoint: the trained policies.
+    (``halt``: another reason to stop the whole run; ``until``: once true, no new trial starts).
+    A final run (``kind="final"``) keeps each trial's last checkpoint: the trained policies.
 
     Raises:
         StudyError: the results disk refused a write meanwhile (the guard's one line).
