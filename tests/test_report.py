@@ -61,6 +61,9 @@ def test_tables__rank_only_complete_finite_undiverged_configs(tmp_path):
         assert (tmp_path / "reports" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (tmp_path / "reports" / "index.html").read_text()
     assert all(f'src="{n}.png"' in page for n in ("curves", "params", "progress")) and "t0001c0" in page
+    # the answer first, the leaderboard after it; the records linked, not dumped
+    assert page.index("The answer") < page.index("What mattered") < page.index("Leaderboard")
+    assert '<a href="best.json">' in page and '"reproduce"' not in page and "<pre>" not in page
 
 
 def _events(folder):
