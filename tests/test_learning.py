@@ -180,31 +180,29 @@ def test_ppo__transformer_learns_snake_6x6_five_times_above_random():
     assert (apples >= 5 * random_apples).all(), (apples, random_apples)
 
 
-def test_ppo__masked_beats_unmasked_on_dungeon_crawl_and_never_acts_illegally():
+def test_ppo__masked_learns_above_random_masked_play_and_beats_unmasked_on_dungeon_crawl():
     env, params = envs.make("DungeonCrawl-v1")
-    curves = {}
+    random_masked = studies.get("dungeon_ppo").reference  # -0.86 over 20,000 episodes (tests/test_grid_envs.py)
+    # the best configuration of a dungeon_ppo study: a default-lr policy gains too little in this budget for a bar
+    hp = ppo.PPOHParams.default(lr=2.2e-3, ent_coef=6.3e-4, gae_lambda=0.911, gamma=0.985, clip_eps=0.13,
+                                vf_coef=0.444)
+    first, last = {}, {}
     for masked in (True, False):
         config = ppo.PPOConfig(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=2,
-                               hidden=(64, 64), activation="relu", total_timesteps=81_920,
+                               hidden=(64, 64), activation="relu", total_timesteps=163_840,
                                updates_per_chunk=40, use_action_mask=masked)
-        # 2 seeds, 82k steps: -0.68 vs -1.15 (seeds -0.73, -0.64 vs -1.16, -1.15), 61 s on one pinned
-        # core (150k steps: -0.76 vs -1.14, 78 s in the suite; after 300k, -0.49 vs -1.15)
-        _, m = _train(ppo.make(config, env, params), ppo.PPOHParams.default(lr=1e-3),  # judged by
-                      config.num_chunks, seeds=2)  # its training returns: no evaluation compiled or run
-        curves[masked] = np.nanmean(m.episode_return[0], axis=0)  # [updates], mean over seeds
+        _, m = _train(ppo.make(config, env, params), hp, config.num_chunks, seeds=2)  # judged by its
+        returns = m.episode_return[0]  # training returns [seeds, updates]: no evaluation compiled or run
         if masked:
             assert float(np.max(m.illegal_actions)) == 0.0
-        final = np.nanmean(m.episode_return[0, :, -15:])  # the last ~30k steps of every seed
-        curves[masked, "final"] = final
-    print("DungeonCrawl mean training return by update (masked):", np.round(curves[True][::15], 2))
-    print("DungeonCrawl mean training return by update (unmasked):", np.round(curves[False][::15], 2))
-    assert curves[True, "final"] > curves[False, "final"] + 0.3, (curves[True, "final"], curves[False, "final"])
-    # and PPO's update learns here (a no-op update would pass the line above: random play over the
-    # legal actions scores -0.87, over all 15 -1.87): the unmasked policy learns to stop choosing
-    # illegal actions, -1.8 over its first 5 updates -> -1.15 over its last 15 (here; 0.65 up). The
-    # masked policy's own gain (-0.82 -> -0.68, above random masked play's -0.86) is within the
-    # spread between machines for a bar (-0.76 at 150k steps), so it is printed, not asserted.
-    gain = np.nanmean(curves[False][-15:]) - np.nanmean(curves[False][:5])
-    assert gain > 0.3, gain
-    print(f"masked: {np.nanmean(curves[True][:5]):.2f} over the first 5 updates, {curves[True, 'final']:.2f} "
-          f"over the last 15 (random masked play {studies.get('dungeon_ppo').reference})")
+        first[masked] = float(np.nanmean(returns[:, :5]))
+        last[masked] = np.nanmean(returns[:, -15:], axis=1)  # the last ~30k steps, per seed
+    print(f"DungeonCrawl training return, first 5 updates -> last 15 per seed: masked {first[True]:.2f} -> "
+          f"{np.round(last[True], 2)}, unmasked {first[False]:.2f} -> {np.round(last[False], 2)} "
+          f"(random masked play {random_masked})")
+    # masked PPO learns: every seed ends above random play over the legal actions, the mean by a margin
+    assert (last[True] > random_masked).all() and last[True].mean() > random_masked + 0.25, last[True]
+    assert last[True].mean() > first[True] + 0.25, (first[True], last[True])
+    # and the mask is worth having: unmasked PPO spends its steps learning to stop choosing illegal
+    # actions (random play over all 15 scores -1.87), and ends well below
+    assert last[True].mean() > last[False].mean() + 0.3, (last[True], last[False])
