@@ -1,4 +1,4 @@
-"""Coverage of the adapter registries: does every gymnax, Jumanji and Brax env train here?
+"""Coverage of the adapter registries: does every gymnax, Jumanji and Brax env run through the kernel here?
 
     python bench/env_coverage.py [--libraries gymnax jumanji brax] [--only NAME ...] [--csv out.csv]
                                  [--brax-backend positional] [--draws-only]
@@ -7,8 +7,9 @@ Each env goes through what a study does with it, in a process of its own (an env
 its row after ``--timeout`` s, not the sweep) (``harness.coverage.probe``): ``envs.make`` and
 ``envs.check``, then one trial's kernel (2 configurations x 2 seeds, one chunk of two tiny updates,
 one evaluation episode) with PPO, and with SAC too where actions are continuous. One row per env
-and algorithm: trains (with compile seconds and env steps/s of the compiled chunk, all lanes), or
-refused / failed with the one-line reason a user would see; and whether ``harness.play`` can draw
+and algorithm: runs (no run diverged, every run's policy moved: not a claim that it learns; with
+compile seconds and env steps/s of the compiled chunk, all lanes), or refused / failed with the
+one-line reason a user would see; and whether ``harness.play`` can draw
 the env (``harness.coverage.draws``: its reset state, as a GIF's frame). The last lines count each library's
 rows by status. Env steps/s here are for a tiny kernel; bench/env_steps.py measures throughput.
 """
@@ -138,11 +139,11 @@ def main() -> None:
     for lib in args.libraries:
         mine = [r for r in rows if r.env.startswith(f"{lib}:")]
         envs_ = {r.env for r in mine}
-        trains = {r.env for r in mine if r.status == "trains"}
+        ran = {r.env for r in mine if r.status == "runs"}
         refused = {r.env for r in mine if r.status == "refused"}
         failed = {r.env for r in mine if r.status == "failed"}
         drawn = {r.env for r in mine if r.draws == "yes"}
-        print(f"{lib}: {len(trains)}/{len(envs_)} envs train, {len(refused)} refused with a reason, "
+        print(f"{lib}: {len(ran)}/{len(envs_)} envs run through the kernel, {len(refused)} refused with a reason, "
               f"{len(failed)} fail in the kernel" + (f" ({', '.join(sorted(failed))})" if failed else "")
               + f"; harness.play draws {len(drawn)}/{len(envs_)}")
 

@@ -1,4 +1,4 @@
-"""Which envs of the adapter registries (gymnax, Jumanji, Brax) build and train.
+"""Which envs of the adapter registries (gymnax, Jumanji, Brax) build and run through the kernel.
 
 :func:`probe` takes one env through exactly what a study does with it: ``envs.make`` and
 ``envs.check`` (as ``harness.study`` does before Ray starts), then one trial's kernel
@@ -51,7 +51,7 @@ def registry(library: str) -> list[str]:
 class Row:
     env: str
     algo: str
-    status: str  # "trains" (the kernel ran, no run diverged, every run's policy moved), "refused" (by make
+    status: str  # "runs" (the kernel ran, no run diverged, every run's policy moved), "refused" (by make
     # or the contract check) or "failed" (in the kernel)
     action_space: str = ""
     obs_shape: str = ""
@@ -70,7 +70,9 @@ def algos_for(space: Any) -> list[str]:
 
 
 def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 2) -> list[Row]:
-    """One row per algorithm that fits the env (or just ``algo``): does a tiny trial train?
+    """One row per algorithm that fits the env (or just ``algo``): does a tiny trial run?
+
+    (Runs: its policy moved; not a claim that it learned.)
 
     A refusal (``make`` or ``check`` fails) is one row with the reason; nothing here raises.
     """
@@ -92,7 +94,7 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
     drawn = draws(env, params)
     rows = []
     for a in [algo] if algo else algos_for(space):
-        row = Row(name, a, "trains", str(space), str(obs.shape), draws=drawn)
+        row = Row(name, a, "runs", str(space), str(obs.shape), draws=drawn)
         default = algos.get(a).hparams_cls.default()
         hparams = {f.name: float(getattr(default, f.name)) for f in dataclasses.fields(default)}
         plan = TrialPlan(env=name, algo=a, config=TINY[a], seeds=seeds, trial=0, curve_episodes=0,

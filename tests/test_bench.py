@@ -35,8 +35,8 @@ TINY = {
     "study_load.py": (["--trials", "4"], "ratio last/first:"),
     "lane_broker.py": (["--lanes", "6", "--steps", "2"], "ratio optuna/us"),
     "env_coverage.py": (["--libraries", "gymnax", "--only", "gymnax:Catch-bsuite"],
-                        "gymnax: 1/1 envs train, 0 refused with a reason, 0 fail in the kernel; harness.play "
-                        "draws 1/1"),
+                        "gymnax: 1/1 envs run through the kernel, 0 refused with a reason, 0 fail in the kernel; "
+                        "harness.play draws 1/1"),
     # Brax's cheapest pipeline (spring): both trainers compile in 68 s on one core, not 90 (positional)
     "brax_ppo.py": (["--env", "inverted_pendulum:spring", "--timesteps", "10240", "--configs", "1"],
                     "ratio us/brax:"),

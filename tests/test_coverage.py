@@ -25,7 +25,7 @@ pytest.importorskip("gymnax")
 pytest.importorskip("jumanji")
 
 # One env of each gymnax family and Jumanji's single-discrete kind, run as bench/env_coverage.py
-# runs them (XLA's fastest compile: compiling is all a tiny trial costs); every row must train.
+# runs them (XLA's fastest compile: compiling is all a tiny trial costs); every row must run.
 # Also trained in this suite, to published or stated returns: gymnax's classic control
 # (MountainCarContinuous; Acrobot in -m extended: tests/test_learning.py), Jumanji's multi-discrete
 # kinds (a joint mask made one Discrete: Minesweeper, Tetris; a mask row per agent: Connector;
@@ -53,7 +53,7 @@ def test_registry__a_representative_subset_trains_through_the_kernel_a_study_use
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     rows = pd.read_csv(out)
     assert list(rows.env) == list(SUBSET) and set(rows.algo) == {"ppo"}
-    bad = rows[rows.status != "trains"]
+    bad = rows[rows.status != "runs"]
     assert bad.empty, bad[["env", "algo", "status", "reason"]].to_string()
     assert (rows.steps_per_s > 0).all() and np.isfinite(rows.final_return).all()
     assert (rows.draws == "yes").all(), rows[["env", "draws"]].to_string()  # harness.play draws each
@@ -145,12 +145,12 @@ def test_multidiscrete__space_samples_inside_and_the_check_accepts_it():
 def test_multidiscrete__an_env_goes_through_the_kernel_a_trial_uses():
     """The probe the coverage sweep runs (envs.check, then a trial's kernel: 2 configs x 2 seeds)."""
     (row,) = probe("tests.test_coverage:Bits")
-    assert (row.algo, row.status, row.action_space) == ("ppo", "trains", "MultiDiscrete([2, 3])"), row
+    assert (row.algo, row.status, row.action_space) == ("ppo", "runs", "MultiDiscrete([2, 3])"), row
     assert row.steps_per_s > 0 and 0.0 <= row.final_return <= 1.0
 
 
 def test_probe__a_policy_that_does_not_move_in_training_is_not_counted_as_training(monkeypatch):
-    """"trains" means training reached the policy: with a learning rate of 0 (an update that never
+    """"runs" means training reached the policy: with a learning rate of 0 (an update that never
     lands, as a broken adapter's rewards or gradients would give) the probe says it failed."""
     from algos import ppo
 
