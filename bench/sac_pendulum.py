@@ -1,7 +1,8 @@
 """SAC on Pendulum-v1: rl-harness against rejax, same process, same hyperparameters.
 
 4 envs, 4 gradient steps per vectorized env step (UTD 1), batch 256, 64x64 relu MLPs, lr 3e-4
-for actor, critics and temperature, tau 0.005, 1000 random warm-up steps, 20k steps per seed;
+for actor, critics and temperature, tau 0.005 per gradient step (rejax: polyak 0.995^4 once per
+4 gradient steps, the same), 1000 random warm-up steps, 20k steps per seed;
 1 seed and N seeds vmapped. Steps/s exclude compilation and include one final evaluation.
 
     python bench/sac_pendulum.py [--seeds 1 8] [--timesteps 20000]
@@ -19,6 +20,10 @@ from algos import sac
 from algos.common import batched
 
 NUM_ENVS, UPDATES, BATCH, WARMUP, LR = 4, 4, 256, 1000, 3e-4
+TAU = 0.005
+# rejax moves its target once per iteration, after its UPDATES gradient steps; ours after each one:
+# (1 - TAU) ** UPDATES gives both the same target-network update per gradient step
+POLYAK = (1 - TAU) ** UPDATES
 EVAL_EPISODES = 32
 
 
@@ -32,7 +37,7 @@ def run_ours(seeds: int, timesteps: int) -> dict:
     config = sac.SACConfig(**{**base.__dict__, "steps_per_chunk": 250})
     algo = sac.make(config, env, params)
     hp = jax.tree.map(lambda x: x[None], sac.SACHParams.default(
-        actor_lr=LR, critic_lr=LR, alpha_lr=LR, gamma=0.99, tau=0.005))
+        actor_lr=LR, critic_lr=LR, alpha_lr=LR, gamma=0.99, tau=TAU))
     keys = jax.random.split(jax.random.key(0), seeds)[None]
     eval_keys = jax.random.split(jax.random.key(1), seeds)[None]
 
@@ -58,7 +63,7 @@ def run_ours(seeds: int, timesteps: int) -> dict:
 def run_rejax(seeds: int, timesteps: int) -> dict:
     algo = SAC.create(
         env="Pendulum-v1", num_envs=NUM_ENVS, num_epochs=UPDATES, batch_size=BATCH,
-        fill_buffer=WARMUP, buffer_size=100_000, learning_rate=LR, gamma=0.99, polyak=0.995,
+        fill_buffer=WARMUP, buffer_size=100_000, learning_rate=LR, gamma=0.99, polyak=POLYAK,
         total_timesteps=timesteps, eval_freq=timesteps, skip_initial_evaluation=True,
         hidden_layer_sizes=(64, 64))
     return _common.run_rejax(algo, seeds, timesteps)
