@@ -331,3 +331,19 @@ def test_docs__study_file_example_loads_and_validates(tmp_path):
     assert study.objective == "steps" and study.direction == "minimize" and study.baseline == {"lr": 1e-3}
     for budget in (study.cpu, study.gpu, study.smoke):
         validate(study, PPOConfig, PPOHParams, timesteps=budget.timesteps)
+
+
+def test_readme__study_example_loads_and_validates_at_every_budget(tmp_path):
+    import re
+    from pathlib import Path
+
+    import studies
+    from algos.ppo import PPOConfig, PPOHParams
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = re.search(r"<!-- example: README -->\n```python\n(.*?)```", readme, re.S)[1]
+    (tmp_path / "my_study.py").write_text(code)
+    study = studies.get(str(tmp_path / "my_study.py"))
+    assert study.name == "my_study" and sorted(study.space) == ["ent_coef", "lr"]
+    for budget in (study.cpu, study.gpu, study.smoke):
+        validate(study, PPOConfig, PPOHParams, timesteps=budget.timesteps)
