@@ -20,19 +20,18 @@ def _orthonormal_columns_lapack(z: jax.Array) -> jax.Array:
     """``Q`` of ``z = QR`` (``z`` ``[m, n]``, ``m >= n``) with ``R``'s diagonal made positive, as
     ``jax.random.orthogonal`` computes it; under ``vmap`` one matrix at a time (a loop), never
     LAPACK's batched QR, which deadlocked SAC's vmapped init on jumanji:SearchAndRescue-v0
-    (jaxlib 0.10 CPU: every thread waiting, two of them in ``QrFactorizationKernel``)."""
+    (jaxlib 0.10, CPU)."""
     q, r = jnp.linalg.qr(z)
     return q * jnp.sign(jnp.diagonal(r))[None, :]
 
 
-_EXACT = jax.lax.Precision.HIGHEST  # float32 products on a GPU (its default may use TF32: 1e-3 off)
+_EXACT = jax.lax.Precision.HIGHEST  # float32 products on a GPU (its default may use TF32)
 
 
 def _orthonormal_columns_householder(z: jax.Array) -> jax.Array:
     """The same ``Q`` (to float rounding) by Householder reflections in plain jnp: ``n`` steps of
-    matrix-vector work that ``vmap`` batches, where the solver's QR is one call per matrix. On a
-    GPU those calls ran as a loop over the lanes (cuSOLVER's geqrf and orgqr for each 64 x 64
-    kernel): 6 x 4096 x 2 calls in a 4096-seed PPO init, the whole of our gap to rejax there."""
+    matrix-vector work that ``vmap`` batches, where the solver's QR is one call per matrix: on a
+    GPU those calls run as a loop over the lanes, which dominated a many-seed init."""
     m, n = z.shape
     rows = jnp.arange(m)
 

@@ -248,7 +248,7 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
         return action
 
     # With observation normalisation, the policy's parameters are the network's and the
-    # statistics: {"params", "obs_stats"}; without, the network's alone (as before).
+    # statistics: {"params", "obs_stats"}; without, the network's alone.
     def apply(params: Any, stats: RunningStats | None, obs: jax.Array) -> tuple:
         return net.apply(params, obs if stats is None else stats.normalize(obs))
 

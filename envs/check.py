@@ -23,10 +23,8 @@ def _fail(env: Environment, what: str) -> EnvContractError:
     return EnvContractError(f"env {getattr(env, 'name', type(env).__name__)!r}: {what}")
 
 
-# The check runs its rollout once: compiling fast matters more than running fast (XLA's lowest
-# optimisation level; a Brax Ant's check: see bench/RESULTS.md). On a CPU, without XLA's fusion
-# emitters too: at that level they are most of the compile (one core, the whole check: CartPole
-# 2.4 -> 1.3 s, the dungeon 6.2 -> 3.5 s, Snake 3.5 -> 1.8 s, Brax's Ant 56 -> 49 s).
+# The check runs its rollout once, so it compiles at XLA's lowest level (bench/RESULTS.md) and, on a CPU,
+# without the fusion emitters, which are most of what is left of the compile there.
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 _FAST_COMPILE_CPU = {**_FAST_COMPILE, "xla_cpu_use_fusion_emitters": False}
 

@@ -57,7 +57,7 @@ class SnakeParams:
 
 
 # Boards are read and written through one-hot cell masks rather than gathers and scatters:
-# under vmap on CPU the elementwise form is several times faster on these small grids.
+# under vmap on CPU the elementwise form is faster on these small grids.
 
 
 def _at(size: int, rc: jax.Array) -> jax.Array:
@@ -72,9 +72,8 @@ def random_cell(u: jax.Array, allowed: jax.Array) -> jax.Array:
     ``u`` is one uniform draw in [0, 1): it picks the k-th allowed cell, so the cost of
     randomness does not grow with the board.
     """
-    # The k-th allowed cell, row first, then column within the row: two cumsums of length
-    # size rather than one of size^2, and masked sums rather than gathers (XLA's CPU cumsum
-    # costs the square of its length, and per-env gathers are slow under vmap).
+    # Row first, then column: XLA's CPU cumsum costs the square of its length (two of length size,
+    # not one of size^2), and masked sums because per-env gathers are slow under vmap.
     rows = jnp.arange(allowed.shape[0])
     per_row = jnp.sum(allowed, axis=1, dtype=jnp.int32)
     k = jnp.floor(u * jnp.sum(per_row)).astype(jnp.int32)

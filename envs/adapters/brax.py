@@ -60,11 +60,11 @@ def _clip(x: Any, min: Any = None, max: Any = None, *, a_min: Any = None, a_max:
 
 
 def _mend_fluid() -> None:
-    """Brax 0.14.2's fluid drag (``brax.fluid``, the swimmer's water) calls
-    ``jnp.clip(x, a_min=...)``, which this jax rejects (``TypeError: clip() got an unexpected
-    keyword argument 'a_min'``), so the swimmer failed in every backend. ``brax.fluid`` alone gets
-    a ``jax.numpy`` whose ``clip`` takes both spellings; nothing else changes, and with a jax that
-    still takes ``a_min`` nothing is done. Called once per process (from the cached :func:`brax_envs`)."""
+    """Give ``brax.fluid`` alone a ``jax.numpy`` whose ``clip`` also takes ``a_min``/``a_max``.
+
+    Brax 0.14.2's fluid drag (the swimmer's water) calls ``jnp.clip(x, a_min=...)``, which this jax
+    rejects; a jax that still takes ``a_min`` is left alone. Called once per process (from the cached
+    :func:`brax_envs`)."""
     import types
 
     from brax import fluid
