@@ -32,8 +32,8 @@ def run_ours(seeds: int, timesteps: int) -> dict:
     base = sac.SACConfig(num_envs=NUM_ENVS, updates_per_step=UPDATES, batch_size=BATCH,
                          learning_starts=WARMUP, total_timesteps=timesteps, hidden=(64, 64),
                          eval_episodes=EVAL_EPISODES)
-    # Driven in chunks of 250 iterations, as the harness does: on this CPU (jax 0.10.2) the whole
-    # run as one 4750-iteration scan hung in its first call at 8 seeds (XLA threads idle).
+    # driven in chunks, as the harness does: the whole run as one scan hung in its first call on a CPU
+    # (jax 0.10.2, several seeds)
     config = sac.SACConfig(**{**base.__dict__, "steps_per_chunk": 250})
     algo = sac.make(config, env, params)
     hp = jax.tree.map(lambda x: x[None], sac.SACHParams.default(

@@ -6,7 +6,7 @@ policy of a configuration whose sampled play beats random play still loops and l
 their argmax stalls rather than by how well they play. 32 episodes per evaluation and 8 fresh
 seeds for the re-training keep that noisier score's confidence intervals narrow. Returns start
 below zero (health lost), so tuned vs default is also stated above random masked play's return
-(-0.86 over 20,000 episodes; tests/test_grid_envs.py checks it).
+(``reference``; tests/test_grid_envs.py checks it).
 """
 
 from harness.space import Budget, Study, Uniform
