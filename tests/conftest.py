@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _pin_xdist_worker() -> None:
     """Each xdist worker on its own share of the cores (2 workers on 2 cores: one each), set before
     JAX starts and inherited by what the worker starts (Ray's processes, studies, benchmarks).
-    Unpinned, two workers' XLA thread pools each take every core and contend: measured on 2 cores,
-    two learning tests side by side took 142 s of test time unpinned and 124 s pinned (alone: 87 s)."""
+    Unpinned, two workers' XLA thread pools each take every core and contend."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     cores = sorted(os.sched_getaffinity(0))
     if worker and count and len(cores) >= int(count) > 1:
@@ -70,12 +69,10 @@ def _shared_compile_cache(cache_home):
     """JAX's persistent compilation cache for the tests, in the run's cache folder: a kernel that
     another test (or the other xdist worker) compiled already is read, not compiled again (the key
     is the program and the compiler's options, not the Python function that traced it). In these
-    processes (measured on the kernel, checkpoint, PBT, lanes and objectives tests: 454 -> 358
-    worker-s) and, through JAX_COMPILATION_CACHE_DIR, in the processes tests start (the benchmarks'
-    tiny runs, the CLIs: eval_overhead then checkpoint_cost, 46 -> 35 s). One folder: the one a
-    study's trials use (harness.cluster.cache_dir under the run's XDG_CACHE_HOME, which every
-    process the tests start gets: never the user's), so a test re-training a trial's plan in a
-    process of its own reads the kernels the trial compiled."""
+    processes and, through JAX_COMPILATION_CACHE_DIR, in the processes tests start (the benchmarks'
+    tiny runs, the CLIs). One folder: the one a study's trials use (harness.cluster.cache_dir under
+    the run's XDG_CACHE_HOME, which every process the tests start gets: never the user's), so a test
+    re-training a trial's plan in a process of its own reads the kernels the trial compiled."""
     import jax
 
     from harness.cluster import cache_dir
@@ -88,25 +85,14 @@ def _shared_compile_cache(cache_home):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-# The benchmarks' tiny runs compile at XLA's lowest optimisation level: their kernels are tiny, so
-# compiling is most of their time (a Brax trial: 31 s instead of 44 s, identical results; in CI,
-# pbt_search's tiny run 64 s instead of 136 s). Everything else is optimised: the learning tests'
-# long kernels run twice as slowly at that level, and the Ant smoke study (with its final phase,
-# when measured) took 358 s, not 304: its kernels run long enough for the slower code to count.
-#
-# With it, XLA's CPU fusion emitters off: at the lowest level they are most of a kernel's compile
-# (measured on one core, a study's chunk kernel: CartPole 8.3 s -> 1.8 s, the dungeon 11.3 s ->
-# 6.2 s; its run 0.77 -> 0.71 s and 2.15 -> 3.08 s a chunk). At the default level they are not
-# (the same kernels compiled slower without them, 15 -> 22 s, and ran 2x slower): never in the
-# optimised tests below.
+# Tiny kernels (the benchmarks' tiny runs) compile at XLA's lowest level without the CPU fusion emitters,
+# since compiling is most of their time; long-running kernels compile optimised, emitters kept.
 # the XLA:CPU options, as flags here and per compile below
 LEVEL, NO_EMITTERS = "xla_backend_optimization_level", "xla_cpu_use_fusion_emitters"
 FAST_COMPILE = (f"--{LEVEL}=0", f"--{NO_EMITTERS}=false")
 
-# Optimised means LLVM's level 1, not XLA's default 3: the learning tests' kernels compile a third
-# faster and run as fast (measured on one core, PPO on CartPole, 4 seeds x 500k steps: compile
-# 15.2 s -> 9.5 s, run 16-20 s at either; SAC on Pendulum 15.2 -> 10.2 s, run 16 s; the same
-# returns). The learning, coverage and transformer tests: 386 -> 301 s; the smoke study 125 -> 93 s.
+# Optimised means LLVM's level 1, not XLA's default 3: the learning tests' kernels compile faster and
+# run as fast, with the same returns.
 OPTIMISED_LEVEL = 1
 OPTIMISED = (f"--{LEVEL}={OPTIMISED_LEVEL}",)
 
@@ -117,8 +103,7 @@ def fast_compile_env(env: dict[str, str]) -> dict[str, str]:
 
 def optimised(env: dict[str, str]) -> dict[str, str]:
     """``env`` compiled :data:`OPTIMISED`, for a study that runs many kernels after its search (the
-    smoke study, CPU of all its processes: 168 s at the fast tests' flags, 125 s at XLA's default
-    level, 93 s at level 1)."""
+    smoke study), where running time outweighs compile time."""
     kept = [f for f in env.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE]
     return {**env, "XLA_FLAGS": " ".join([*kept, *OPTIMISED])}
 
@@ -154,20 +139,17 @@ _compile_options_per_test()
 @pytest.fixture(autouse=True)
 def _fast_compile_unless_slow(request):
     """Tests in this process compile with most of XLA's optimisations off (JAX reads the option
-    at every compile): their kernels are tiny, so compiling is most of their time (the kernel,
-    checkpoint and PBT tests: 149 s -> 62 s). The learning tests (marked slow) run long kernels,
-    which run about twice as slowly unoptimised: they compile :data:`OPTIMISED`. The flag is read at
-    compile time and is not part of JAX's cache key, so a function compiled in a fast test and
-    called again in a slow one keeps its unoptimised code: the learning tests build their own."""
+    at every compile): their kernels are tiny, so compiling is most of their time. The learning
+    tests (marked slow) run long kernels, which run slower unoptimised: they compile
+    :data:`OPTIMISED`. The flag is read at compile time and is not part of JAX's cache key, so a
+    function compiled in a fast test and called again in a slow one keeps its unoptimised code: the
+    learning tests build their own."""
     import jax
 
     keep = request.node.get_closest_marker("slow") or request.node.get_closest_marker("xla_optimized")
     jax.config.update("jax_disable_most_optimizations", not keep)
-    # Without the fusion emitters, two different programs computing the same thing can round
-    # differently (a lane's scores against the same configuration trained alone: 6e-4 apart, where
-    # they agree to 1e-4 with them): tests that compare two programs keep them, as the product's
-    # kernels do. Functions this process compiled the other way are compiled again (jax's caches
-    # in memory do not know the option), before and after.
+    # Without the emitters two programs computing the same thing round differently, so tests that compare
+    # two programs keep them; jax's in-memory caches ignore the option, so they are cleared before and after.
     marked = request.node.get_closest_marker("xla_emitters")
     if marked:
         _settle_background_compiles()  # an earlier test's evaluation, compiling after the clear
@@ -195,11 +177,8 @@ def ray_env(cache_home):
     """An environment with a private RAY_TMPDIR; afterwards, no process may still use it."""
     tmp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # keeps a site dir set
-    # the studies these tests run are tiny: compiling is most of their time, as in the benchmarks' runs
-    # (the killed-worker, lanes and named-actor studies: 10-20 s less each; a test whose study runs
-    # many kernels after its search uses optimised(ray_env))
-    # and without Ray's dashboard (about 3 s of CPU per study, measured: 35.0 against 31.8 s for a
-    # 3-trial study): the named-actors test turns it back on and queries it
+    # tiny studies compile fast (one that runs many kernels after its search uses optimised(ray_env)), and
+    # skip Ray's dashboard, which costs CPU: the named-actors test turns it back on and queries it
     env = fast_compile_env({**os.environ, "RAY_TMPDIR": tmp, "XDG_CACHE_HOME": cache_home, "PYTHONPATH": path,
                             "RL_HARNESS_DASHBOARD": "0"})
     yield env
@@ -295,20 +274,8 @@ def listening(pids: list[int]) -> list[tuple[int, str, int]]:
 
 
 # -- running the suite on both cores (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) -----
-# Tests that start a Ray of their own run beside the other worker's tests, a Ray beside a Ray at
-# times, each on its worker's core (pinned above). A group meant to keep them on one worker
-# (xdist_group marks) never took effect: the marks were set after xdist's worker had turned them
-# into test ids (and pytest 9.2's ids ignore what xdist writes there, pytest-xdist#1386). Found on
-# 2026-11-27 from a run's log (the smoke study on one worker while the SIGKILL and lanes studies
-# ran on the other); every CI run before passed that way, so the group is gone, not mended.
-# `--dist loadgroup` stays for how it hands tests out: with no groups, a test at a time to
-# whichever worker runs low. `--dist load` hands each worker a batch up front: the same tests
-# (2147 worker-s against 2149) took 23:20 instead of 18:15, one worker idle for minutes at the end.
-#
-# The long tests first: xdist hands tests out in collection order, so a long test collected last
-# ran alone at the end while the other worker idled (one core 124 s less busy than the other in a
-# clean run). With the slow ones first, the last tests handed out are the short ones and both
-# workers end together.
+# Tests that start a Ray may run side by side (xdist_group marks never took effect: pytest-xdist#1386). `loadgroup`
+# hands out a test at a time and slow tests are collected first, so both workers end together.
 
 
 def pytest_collection_modifyitems(config, items):

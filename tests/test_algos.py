@@ -288,10 +288,8 @@ def test_masked_ppo__unmasked_run_takes_illegal_actions():
     np.testing.assert_allclose(m.entropy, np.log(dungeon.NUM_ACTIONS), atol=0.01)
 
 
-# Its training at XLA's full optimisation (unoptimised, XLA's CPU code gives this transformer's
-# gradient a NaN, jax 0.10.2). Snake 6x6 (tests/test_learning.py, -m extended) is too noisy for the
-# default suite: one seed's apples after 266k steps measured 3.3, 2.8, 1.16, and 0.41 on an AVX2-only
-# EPYC (2026-11-29), each run deterministic on its machine.
+# The default suite's transformer learning test, Snake 6x6 (tests/test_learning.py) being too noisy across CPUs;
+# trained at XLA's full optimisation, as unoptimised CPU code gives this transformer's gradient a NaN (jax 0.10.2).
 @pytest.mark.xla_optimized
 def test_transformer__learns_to_point_at_the_marked_cell_which_needs_each_cells_position():
     env = PointAtTheCell(size=3)
@@ -305,7 +303,7 @@ def test_transformer__learns_to_point_at_the_marked_cell_which_needs_each_cells_
     cells = jnp.arange(env.size**2)
     grids = jax.vmap(env.grid)(cells)
     right = []
-    for seed in (0, 1):  # 38k steps each: 8 and 7 of 9 cells right (seeds 0-3: 8, 7, 9, 9); random play 1
+    for seed in (0, 1):  # random play gets one of the 9 cells right
         state, _ = chunk(init(jax.random.key(seed), hp), hp)
         right.append(int((jnp.argmax(net.apply(state.params, grids)[0], -1) == cells).sum()))
     assert sum(right) / 2 >= 5, right  # five times random play, as the Snake test asked
@@ -406,10 +404,10 @@ def test_orthogonal_init__is_flaxs_bit_for_bit_also_under_vmap(shape):
 
 @pytest.mark.parametrize("shape", [(774, 32), (64, 64), (64, 1), (3, 200)])
 def test_orthogonal_init__for_a_gpu_is_batched_over_lanes_and_flaxs_matrix_to_rounding(shape):
-    """On a GPU the solver's QR ran one call per lane (cuSOLVER geqrf + orgqr in a loop over 4096
-    seeds: the PPO benchmark's gap to rejax at 4096 seeds on an H200). Lowered for CUDA here (no GPU
-    needed), the vmapped init calls no solver and loops over the kernel's columns, not the lanes;
-    the Householder matrices equal flax's to float rounding."""
+    """On a GPU the solver's QR runs one call per lane (cuSOLVER geqrf + orgqr in a loop over the
+    seeds), which dominated a many-seed PPO init. Lowered for CUDA here (no GPU needed), the vmapped
+    init calls no solver and loops over the kernel's columns, not the lanes; the Householder
+    matrices equal flax's to float rounding."""
     import re
 
     import flax.linen as nn

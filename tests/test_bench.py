@@ -37,7 +37,7 @@ TINY = {
     "env_coverage.py": (["--libraries", "gymnax", "--only", "gymnax:Catch-bsuite"],
                         "gymnax: 1/1 envs run through the kernel, 0 refused with a reason, 0 fail in the kernel; "
                         "harness.play draws 1/1"),
-    # Brax's cheapest pipeline (spring): both trainers compile in 68 s on one core, not 90 (positional)
+    # spring: the Brax pipeline both trainers compile fastest
     "brax_ppo.py": (["--env", "inverted_pendulum:spring", "--timesteps", "10240", "--configs", "1"],
                     "ratio us/brax:"),
     "search_efficiency.py": (["--tiny", "--envs", "cartpole", "--study-seeds", "1", "--methods", "trial,lane",

@@ -24,16 +24,9 @@ from harness.coverage import probe
 pytest.importorskip("gymnax")
 pytest.importorskip("jumanji")
 
-# One env of each gymnax family and Jumanji's single-discrete kind, run as bench/env_coverage.py
-# runs them (XLA's fastest compile: compiling is all a tiny trial costs); every row must run.
-# Also trained in this suite, to published or stated returns: gymnax's classic control
-# (MountainCarContinuous; Acrobot in -m extended: tests/test_learning.py), Jumanji's multi-discrete
-# kinds (a joint mask made one Discrete: Minesweeper, Tetris; a mask row per agent: Connector;
-# below); Brax's robots train through the kernel in bench/brax_ppo.py's tiny run
-# (inverted_pendulum; to a threshold, and Ant's smoke study, in -m extended: tests/test_locomotion.py,
-# tests/test_study.py).
-# bsuite's (Catch) is the one bench/env_coverage.py's tiny run trains (tests/test_bench.py), in the
-# same way, so it is not compiled twice.
+# One env of each gymnax family and Jumanji's single-discrete kind, run as bench/env_coverage.py runs them: every
+# row must run (learning: tests/test_learning.py, below, tests/test_locomotion.py). bsuite's Catch is left to that
+# bench's tiny run (tests/test_bench.py), so it is not compiled twice.
 SUBSET = {
     "gymnax:Breakout-MinAtar": "MinAtar (a grid of bools)",
     "gymnax:FourRooms-misc": "misc",
@@ -191,16 +184,16 @@ def _jumanji_case(case):
     }[case]
 
 
-# Minesweeper in the default suite (33 s on 2 cores); Tetris (33 s) and Connector (60 s) in
-# `pytest -m extended`: the same masked path, and Connector's per-row masks are also proven, more
-# cheaply, by test_ppo__multidiscrete_learns_one_categorical_per_sub_action_and_obeys_each_rows_mask.
+# Minesweeper in the default suite; Tetris and Connector in `pytest -m extended`: the same masked path, and
+# Connector's per-row masks are also proven, more cheaply, by
+# test_ppo__multidiscrete_learns_one_categorical_per_sub_action_and_obeys_each_rows_mask.
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["Minesweeper-v0", pytest.param("Tetris-v0", marks=pytest.mark.extended),
                                   pytest.param("Connector-v3", marks=pytest.mark.extended)])
 def test_ppo__jumanji_multi_discrete_envs_learn_above_random_play_and_never_act_illegally(case):
-    """Random play is the untrained policy sampling (its logits start within 1e-2 of uniform over
-    the legal actions); the trained one acts greedily. 2 seeds of one kernel, every seed above
-    random by the margin (measured: Minesweeper 4.6 -> 12, Tetris 20 -> 55, Connector -0.4 -> 0.4)."""
+    """Random play is the untrained policy sampling (its logits start near uniform over the legal
+    actions); the trained one acts greedily. 2 seeds of one kernel, every seed above random by the
+    margin."""
     from algos.common import batched
 
     kwargs, steps, margin = _jumanji_case(case)

@@ -190,7 +190,7 @@ def test_contract__observe_hook_agrees_with_reset_and_transition(name):
     """Envs with ``observe`` let step observe the next state; it must match their own obs."""
     env, params = envs.make(name)
     obs, state = env.reset(jax.random.key(0), params)
-    observe = jax.jit(lambda s: env.observe(s, params))  # compiled once: 20 eager dungeon steps took 16 s
+    observe = jax.jit(lambda s: env.observe(s, params))  # compiled once: eager dungeon steps are slow
     np.testing.assert_array_equal(observe(state), obs)
 
     @jax.jit

@@ -247,7 +247,7 @@ def test_dungeon__most_actions_illegal_and_masked_play_never_illegal():
     assert float(illegal.sum()) == 0 and float(levels.sum()) > 10
 
 
-@pytest.mark.xla_optimized  # 4000 episodes: the dungeon's run 18 s compiled unoptimised
+@pytest.mark.xla_optimized  # 4000 episodes: slow compiled unoptimised
 @pytest.mark.parametrize("name", ["dungeon_ppo", "snake_ppo"])
 def test_grid_study__reference_is_random_masked_plays_return(name):
     """The grid studies' reference return (tuned vs default is also stated above it) is random

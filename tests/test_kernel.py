@@ -34,9 +34,8 @@ def test_config_groups__cover_every_configuration_once():
     assert sum(config_groups(64, 7), []) == list(range(64))
 
 
-# sub-batches of 2: 2 + 2 + 1, the last one padded to the width (3 + 2, 10 s more, showed nothing
-# that 2 + 2 + 1 does not); width 1 (22 s) is not compared here: -m extended's sub-batch study
-# trains in sub-batches of 1, without this equality check
+# sub-batches of 2: 2 + 2 + 1, the last one padded to the width (other widths add time, not coverage;
+# -m extended's sub-batch study trains in sub-batches of 1, without this equality check)
 @pytest.mark.parametrize("batch", [2])
 def test_runner__sub_batches_give_the_results_of_one_batch(batch):
     whole = run_trial(PLAN)

@@ -471,8 +471,8 @@ def test_broker__answers_as_a_broker_reading_the_storage_for_every_judgement_and
 
 def test_broker__a_steps_samplers_see_the_study_as_its_storage_holds_it_after_each_ask(tmp_path):
     """A step's refills are proposed from the trials read once at its first proposal plus its own
-    new ones (TPE reads the study for each parameter: ~40 ms a read from SQLite with 64 lanes
-    running); what the samplers see must be what the storage would give them, the constant
+    new ones (TPE reads the study for each parameter, and each read from SQLite is slow with many
+    lanes running); what the samplers see must be what the storage would give them, the constant
     liar's running trials with their values so far included (none has reported at a rung here:
     those are shown as pruned, tested above)."""
     import optuna

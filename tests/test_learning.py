@@ -55,8 +55,7 @@ def test_ppo__solves_cartpole_on_every_seed_within_500k_steps():
 
 def test_sac__swings_up_pendulum_on_every_seed_within_20k_steps():
     env, params = envs.make("Pendulum-v1")
-    # 2 updates of 128 per step (the default: 4 of 256): 24 s instead of 60, the same returns
-    # (-89, -147, -144, -122 against -93, -147, -144, -121)
+    # fewer, smaller updates per step than the default (4 of 256): much cheaper, the same returns
     config = sac.SACConfig(hidden=(64, 64), total_timesteps=20_000, steps_per_chunk=250, updates_per_step=2,
                            batch_size=128)
     returns, metrics = _train_and_evaluate(sac.make(config, env, params), sac.SACHParams.default(),
@@ -65,7 +64,7 @@ def test_sac__swings_up_pendulum_on_every_seed_within_20k_steps():
     assert (returns >= -200).all(), returns
 
 
-# in -m extended (67 s on 2 cores): SAC's learning is proven by the Pendulum test above, this env's
+# in -m extended: SAC's learning is proven by the Pendulum test above, this env's
 # dynamics by test_envs (CartPole with a scaled force)
 @pytest.mark.extended
 def test_sac__balances_continuous_cartpole_on_every_seed():
@@ -73,7 +72,7 @@ def test_sac__balances_continuous_cartpole_on_every_seed():
     config = sac.SACConfig(hidden=(64, 64), batch_size=128, total_timesteps=60_000,
                            steps_per_chunk=500)
     returns, _ = _train_and_evaluate(sac.make(config, env, params), sac.SACHParams.default(),
-                                     config.num_chunks, seeds=2)  # 2 seeds: 52 s, 4 seeds: 91 s (all 500)
+                                     config.num_chunks, seeds=2)  # 4 would cost twice as much, no surer
     assert (returns >= 450).all(), returns
 
 
@@ -86,10 +85,8 @@ def _gymnax_config(total_timesteps, **overrides):
     return ppo.PPOConfig(**{**base, **overrides})
 
 
-# in -m extended (48 to 59 s in the suite): a gymnax env learning to its published figure through
-# the adapter is proven by MountainCarContinuous below; discrete actions through it train in
-# tests/test_coverage.py (MinAtar, misc) and bench/env_coverage.py's tiny run (bsuite's Catch); at
-# half the budget (256k steps) its seeds reached -88 to -99, too close to the bar to cut it instead
+# in -m extended: a gymnax env learning to its published figure is proven by MountainCarContinuous below, discrete
+# actions through the adapter by tests/test_coverage.py; half the budget lands too close to the bar to cut it
 @pytest.mark.extended
 def test_ppo__acrobot_from_gymnax_reaches_minus_100_on_every_seed_within_500k_steps():
     pytest.importorskip("gymnax")
@@ -101,10 +98,8 @@ def test_ppo__acrobot_from_gymnax_reaches_minus_100_on_every_seed_within_500k_st
     assert (returns >= -100).all(), returns
 
 
-# Continuous PPO as locomotion studies run it (observation normalisation in the kernel, tanh-squashed
-# actions) learning to a published figure: 33 s on one pinned core (95.7 to 96.5 on the 4 seeds).
-# Brax's inverted pendulum proves the same at three times the cost (a Brax kernel compiles for a
-# minute): it runs in -m extended (tests/test_locomotion.py).
+# Continuous PPO as locomotion studies run it (normalised observations, tanh-squashed actions) to a published
+# figure; Brax's inverted pendulum proves the same at far more cost, in -m extended (tests/test_locomotion.py)
 def test_ppo__mountain_car_continuous_from_gymnax_reaches_80_on_every_seed_within_500k_steps():
     pytest.importorskip("gymnax")
     env, params = envs.make("gymnax:MountainCarContinuous-v0")  # published, tuned: about 92
@@ -147,7 +142,7 @@ def _random_policy_apples(env, params, episodes=1024):
     return float(apples.mean())
 
 
-# in -m extended (54 s in the suite): PPO's learning on a grid game is proven by the dungeon test
+# in -m extended: PPO's learning on a grid game is proven by the dungeon test
 @pytest.mark.extended
 def test_ppo__mlp_eats_five_apples_on_snake_6x6_on_every_seed_within_2m_steps():
     env, params = envs.make("Snake-v1", size=6)
@@ -160,16 +155,13 @@ def test_ppo__mlp_eats_five_apples_on_snake_6x6_on_every_seed_within_2m_steps():
     assert (apples >= 5).all(), apples
 
 
-# in -m extended (110 s in the suite on a slow day): the transformer's learning is proven in the
-# default suite by a probe (tests/test_algos.py: point at the marked cell, 25 s)
+# in -m extended: the transformer's learning is proven in the default suite by a probe
+# (tests/test_algos.py: point at the marked cell)
 @pytest.mark.extended
 def test_ppo__transformer_learns_snake_6x6_five_times_above_random():
     env, params = envs.make("Snake-v1", size=6)
-    # lr 2e-3 over 266k steps (2 chunks), one seed, against random play's 0.13 apples: 3.3 apples
-    # with XLA on 2 threads, 1.16 on 1 (a pinned core: other float rounding, another run), seed 1:
-    # 2.8; two seeds in one kernel: 1.6 and 10.3 (at twice the cost). The bar is 5x random play.
-    # On an AVX2-only EPYC (2026-11-29, pinned): 0.41, under the bar: this one seed is too noisy
-    # for a bar that always holds; more seeds or steps would make it one.
+    # one seed is noisy (float rounding differs across CPUs and thread counts, and it has ended under
+    # the bar on one): more seeds or steps would make a bar that always holds
     config = _snake_config(total_timesteps=266_240, updates_per_chunk=65, eval_episodes=32,
                            network="transformer", embed_dim=16, num_heads=2, num_layers=1)
     apples, _ = _train_and_evaluate(ppo.make(config, env, params), ppo.PPOHParams.default(lr=2e-3),
@@ -182,7 +174,7 @@ def test_ppo__transformer_learns_snake_6x6_five_times_above_random():
 
 def test_ppo__masked_learns_above_random_masked_play_and_beats_unmasked_on_dungeon_crawl():
     env, params = envs.make("DungeonCrawl-v1")
-    random_masked = studies.get("dungeon_ppo").reference  # -0.86 over 20,000 episodes (tests/test_grid_envs.py)
+    random_masked = studies.get("dungeon_ppo").reference  # random masked play, checked in tests/test_grid_envs.py
     # the best configuration of a dungeon_ppo study: a default-lr policy gains too little in this budget for a bar
     hp = ppo.PPOHParams.default(lr=2.2e-3, ent_coef=6.3e-4, gae_lambda=0.911, gamma=0.985, clip_eps=0.13,
                                 vf_coef=0.444)
@@ -204,5 +196,5 @@ def test_ppo__masked_learns_above_random_masked_play_and_beats_unmasked_on_dunge
     assert (last[True] > random_masked).all() and last[True].mean() > random_masked + 0.25, last[True]
     assert last[True].mean() > first[True] + 0.25, (first[True], last[True])
     # and the mask is worth having: unmasked PPO spends its steps learning to stop choosing illegal
-    # actions (random play over all 15 scores -1.87), and ends well below
+    # actions, and ends well below
     assert last[True].mean() > last[False].mean() + 0.3, (last[True], last[False])

@@ -88,18 +88,15 @@ def test_reward_scale__changes_learning_not_reported_returns():
     assert float(out[10.0].value_loss[0]) > 20 * float(out[1.0].value_loss[0])
 
 
-# in -m extended (93 s in the suite, 60 of them compiling Brax's pipeline): continuous PPO with
-# normalisation and tanh squashing learns MountainCarContinuous in tests/test_learning.py (33 s); a
-# Brax env trains through the kernel in bench/brax_ppo.py's tiny run (tests/test_bench.py) and its
-# dynamics agree with Brax's own step (tests/test_brax.py)
+# in -m extended, being mostly Brax's compile: the default suite covers continuous PPO (tests/test_learning.py),
+# Brax through the kernel (bench/brax_ppo.py's tiny run) and Brax's dynamics (tests/test_brax.py)
 @pytest.mark.slow
 @pytest.mark.extended
 def test_brax_inverted_pendulum__every_seed_of_one_kernel_balances():
     pytest.importorskip("brax")
     env, params = envs.make("brax:inverted_pendulum:positional")
-    # 3 chunks of 51,200 steps: every seed at 1000 (never fell) after each of them, measured on one
-    # pinned core (untrained: 77, 61, 73). The learning rate anneals over the run, so fewer chunks
-    # is another run: with 2, seed 0 was at 336 after the first and 1000 only after the second.
+    # enough steps for every seed to balance; the learning rate anneals over the run, so fewer chunks
+    # is a different run, not an earlier point of this one
     cfg = ppo.PPOConfig(num_envs=64, num_steps=16, num_minibatches=8, update_epochs=4, updates_per_chunk=50,
                         total_timesteps=153_600, normalize_observations=True, squash="tanh", eval_episodes=4)
     algo = ppo.make(cfg, env, params)

@@ -216,7 +216,7 @@ def test_render__no_opengl_for_mujoco_is_one_clear_error(tmp_path):
             "from harness.render import RenderError, brax_frames\n"
             "env, params = envs.make('brax:inverted_pendulum')\n"
             "try:\n"
-            "    brax_frames(env, [jax.jit(env.reset)(jax.random.key(0), params)[1]])\n"  # eager: 6 s more
+            "    brax_frames(env, [jax.jit(env.reset)(jax.random.key(0), params)[1]])\n"  # jitted: eager is slow
             "except RenderError as err:\n"
             "    print('RenderError:', err)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

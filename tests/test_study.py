@@ -263,7 +263,7 @@ def test_optuna_storage__commits_through_sqlites_log_survive_a_process_killed_ri
 
 
 def test_optuna_storage__opens_without_ray_or_jax():
-    """Processes that only read or write a study's records (the writers below) start in 0.4 s, not 2.5."""
+    """Processes that only read or write a study's records (the writers below) start fast: no Ray, no JAX."""
     code = "import sys, harness.storage; print(sorted({'ray', 'jax'} & set(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
@@ -366,19 +366,18 @@ def test_study__smoke_run_writes_reports(tmp_path, ray_env, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # 190 s, most of it compiling Ant: Brax through the kernel is tested by
+@pytest.mark.extended  # mostly compiling Ant: Brax through the kernel is tested by
 def test_study__robot_study_smoke_runs(tmp_path, ray_env):  # test_locomotion.py and test_render.py
     pytest.importorskip("brax")
-    # the search only: the final phase's re-training (4 more Ant kernels, about 60 s here) is the
-    # same code on every env, tested end to end by the cartpole smoke study above
+    # the search only: the final phase's re-training (more Ant kernels) is the same code on every env,
+    # tested end to end by the cartpole smoke study above
     r = _study("ant_ppo", "--smoke", "--trials", "1", *NO_FINAL, "--out", str(tmp_path), env=ray_env)
     assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "ant_ppo-smoke"
     assert [rec["status"] for rec in ResultsFolder(root).trials()] == ["complete"]
     best = json.loads((root / "reports" / "best.json").read_text())
-    # what a smoke budget can check: the robot's trial runs to a real score. Not learning: the untrained
-    # Ant stands (1 a step, up to 1000), so no bar at this budget tells learning from none; Brax's
-    # learning is tested on the inverted pendulum (tests/test_locomotion.py)
+    # a smoke budget checks the robot's trial runs to a real score, not learning (an untrained Ant scores by
+    # standing); Brax's learning is tested on the inverted pendulum (tests/test_locomotion.py)
     assert math.isfinite(best["search_score"]) and best["reevaluation"] is None, best
     assert "search score" in r.stdout and "(not re-evaluated)" in r.stdout
     # keeping and watching a robot policy (harness.play draws it with MuJoCo): tests/test_render.py
@@ -576,11 +575,8 @@ def test_study__lanes_through_ray_refill_judge_and_resume_bit_for_bit_after_a_ki
         assert x == {k: c[k] for k in x}, c["optuna_number"]
 
 
-# A disk that turns read-only mid-study (EROFS, and the ways SQLite and a vanishing file say it) stops it
-# the same way: tests/test_driver.py (the search phase) and tests/test_report.py (disk_problem); this
-# run did it too, through Ray and Tune, with a read-only bind mount (22 s more in the suite).
-# In -m extended (62 s of the suite, 2 of its 20 minutes): the driver's side of a full disk (one line,
-# the records intact, resume) is tested without Ray in those two files.
+# In -m extended: the driver's side of a full disk (one line, the records intact, resume) is tested without Ray
+# in tests/test_driver.py and tests/test_report.py, as is a disk that turns read-only mid-study (EROFS).
 @pytest.mark.slow
 @pytest.mark.extended
 def test_study__results_disk_full_mid_study_stops_in_one_line_and_resumes(tmp_path, ray_env):

@@ -36,8 +36,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     (["--schedule", "{tmp}/negative.json"], "chunk 3: lr=-0.001 is outside (0, inf)"),
 ])
 def test_train_cli__bad_input_is_one_line_and_exit_2(args, expect, capsys, monkeypatch, tmp_path):
-    # in this process (main() is what `python -m harness.train` runs; the tiny run below goes through
-    # the real entry point): 8 interpreters less, about 13 s of the suite
+    # in this process, sparing an interpreter per case: main() is what `python -m harness.train` runs
+    # (the tiny run below goes through the real entry point)
     from harness import train
 
     (tmp_path / "early.json").write_text('[{"chunk": 0, "hparams": {"lr": 0.001}}]')
