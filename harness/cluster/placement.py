@@ -1,19 +1,25 @@
-"""How much device memory a trial's kernel needs, and how trials share a device.
+"""What each trial gets of the machine: its Ray resources and how many run at once
+(:class:`Placement`), fitted to device memory: how much a trial's kernel needs, and how trials
+share a device.
 
 A trial's need comes from its compiled executables' memory analysis (``init``, ``chunk`` and
 ``evaluate`` at its shape), measured on the device the trials will use, before the trial runs:
 
     need(b) = G * state(b) + max(chunk(b), evaluate(b)) - state(b),   G = ceil(C / b)
 
-where ``b`` is the number of configurations per sub-batch (``harness.kernel.TrialRunner``),
+where ``b`` is the number of configurations per sub-batch (``harness.kernel.runners.TrialRunner``),
 ``state(b)`` the training state of one sub-batch (resident between chunks) and ``chunk(b)``
 the peak while one sub-batch's chunk runs (its state donated, so it is counted once). From
 the needs and the device's memory, :func:`fit` decides how many trials share a device and
-whether a trial must run its configurations in sub-batches. Nothing here imports Ray.
+whether a trial must run its configurations in sub-batches; :func:`fit_trials` has every static
+shape of a study measured where the trials run (:func:`probe_shapes`, a one-off Ray task) and
+decides. Nothing here imports Ray or JAX at import (the phases import :class:`Placement` before
+Ray starts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -22,15 +28,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.space import StudyError
+from harness.cluster.session import run_once
+from harness.driver.progress import say as progress_say
+from harness.driver.settings import Settings
+from harness.kernel.plan import TrialPlan
+from harness.space import Budget, StudyError, label, static_points
 
 HEADROOM = 0.9  # of the device's available memory: XLA's own buffers, fragmentation
 GPU_PROCESS_BYTES = 512 * 2**20  # a trial process's CUDA context and libraries, beyond its kernels
 MAX_PER_DEVICE = 4  # a GPU time-slices concurrent kernels: more trials add processes, not throughput
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
-          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
-
-
 @dataclass(frozen=True)
 class KernelMemory:
     """Bytes of one sub-batch of ``width`` configurations x S seeds."""
@@ -55,22 +61,28 @@ class Fit:
     available: int  # bytes of the device that trials may use
 
 
-def parse_bytes(text: str) -> int:
-    """``"80GiB"``, ``"512MB"``, ``"1e9"`` -> bytes (binary units either way).
+@dataclass(frozen=True)
+class Placement:
+    """Resources per trial and how many trials run at once."""
 
-    Raises:
-        StudyError: not a size.
-    """
-    t = text.strip().lower().replace(" ", "")
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(num):]
-    try:
-        value = float(num) * _UNITS[unit]
-    except (ValueError, KeyError):
-        raise StudyError(f"--device-memory {text!r} is not a size (e.g. 80GiB, 512MiB)") from None
-    if value <= 0:
-        raise StudyError(f"--device-memory {text!r} must be positive")
-    return int(value)
+    kind: str  # "cpu" or "gpu"
+    resources: dict[str, float]
+    slots: int
+    device: dict[str, Any]  # handed to each trial's process setup
+
+
+def placement(cache_dir: str, *, gpus_per_trial: float = 0.5) -> Placement:
+    """One CPU core per trial on CPU machines (pinned); a share of a GPU where there are GPUs."""
+    import ray
+
+    res = ray.cluster_resources()
+    gpus, cpus = res.get("GPU", 0.0), max(1, int(res.get("CPU", 1)))
+    device: dict[str, Any] = {"cache_dir": cache_dir, "chunk_timeout": 900}
+    if gpus > 0:
+        device["gpu_fraction"] = gpus_per_trial
+        return Placement("gpu", {"cpu": 1, "gpu": gpus_per_trial},
+                         max(1, int(gpus / gpus_per_trial)), device)
+    return Placement("cpu", {"cpu": 1}, cpus, {**device, "pin_cores": True, "cpus": 1})
 
 
 def fmt_bytes(n: float) -> str:
@@ -117,15 +129,71 @@ def fit(measure: Callable[[int], KernelMemory], configs: int, available: int, *,
     return Fit(1, 1, one.need(configs), available)
 
 
+def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any = None) -> Placement:
+    """Measures each static shape's device memory where the trials run (a one-off worker on a
+    GPU) and decides trials per device and configurations per sub-batch; the placement with the
+    checkpoint cadence. Nothing is measured on a CPU unless ``--device-memory`` states a size. On
+    the embedded Ray, a study of fewer trials than cores gives each trial a share of the cores.
+
+    Raises:
+        StudyError: a shape cannot fit even one configuration at a time (or PBT's whole population).
+    """
+    from harness.cluster.trainable import shape_key  # Ray Tune: not at import
+
+    say = say or progress_say
+    place = dataclasses.replace(place, device={**place.device, **settings.checkpoint})
+    trials = settings.tune_trials(budget)
+    if place.kind == "cpu" and not settings.address and trials < place.slots:
+        share = place.slots // trials  # fewer trials than cores: each compiles and runs on several
+        place = dataclasses.replace(place, resources={**place.resources, "cpu": share}, slots=trials,
+                                    device={**place.device, "cpus": share})
+    if place.kind == "cpu" and settings.device_bytes is None:
+        return place
+    plans, names = {}, {}
+    for point in static_points(settings.study, set(settings.config_fields)):
+        config = settings.static_config(point, budget.timesteps)
+        key = shape_key(config)
+        hparams = [dict(settings.study.hparams)] * budget.configs_per_trial
+        plans[key] = dataclasses.asdict(settings.plan(config, hparams, seeds=budget.seeds, trial=0))
+        where = ", ".join(f"{k}={label(v)}" for k, v in point.items())
+        names[key] = (f"study {settings.study.name}" + (f" ({where})" if where else "") +
+                      f", {budget.configs_per_trial} configs x {budget.seeds} seeds")
+    say("measuring each trial shape's device memory ...")
+    fits = run_once(probe_shapes, plans, names, settings.device_bytes, place.device, gpu=place.kind == "gpu")
+    if isinstance(fits, str):
+        raise StudyError(fits)
+    if fits is None:
+        return place
+    shapes, per_device = {}, []
+    for key, f in fits.items():
+        if settings.scheduler in ("pbt", "lanes") and f["config_batch"] < budget.configs_per_trial:
+            what = ("population-based training" if settings.scheduler == "pbt"
+                    else "refilling lanes (--scheduler lanes)")
+            raise StudyError(f"{names[key]}: {what} needs a trial's {budget.configs_per_trial} "
+                             f"configurations in one kernel, but only {f['config_batch']} fit; lower "
+                             "--configs-per-trial or --seeds")
+        per_device.append(f["per_device"])
+        shapes[key] = {"config_batch": f["config_batch"]}
+        if place.kind == "gpu":
+            shapes[key]["gpu"] = math.floor(10_000 / f["per_device"]) / 10_000  # Ray's resource quantum
+        split = (f", configurations in sub-batches of {f['config_batch']}"
+                 if f["config_batch"] < budget.configs_per_trial else "")
+        say(f"  {names[key]}: {fmt_bytes(f['need'])} per trial of {fmt_bytes(f['available'])}; "
+            f"{f['per_device']} at a time per device{split}")
+    if place.kind == "gpu":
+        slots = int(round(place.slots * place.resources["gpu"])) * max(per_device)  # 1 / share trials per GPU
+    else:
+        slots = min(place.slots, min(per_device))
+    return dataclasses.replace(place, slots=max(1, slots), device={**place.device, "shapes": shapes})
+
+
 def measure_kernel(plan: Any, width: int) -> KernelMemory:
     """Compiles the plan's kernels for ``width`` configurations (on this process's default
     device, without running them) and reads their memory analysis."""
-    import dataclasses
-
     import jax
     import numpy as np
 
-    from harness.kernel import _compiled, _stack_hparams, build_config, keys_for
+    from harness.kernel.compile import _compiled, _stack_hparams, build_config, keys_for
 
     plan = dataclasses.replace(plan, hparams=[plan.hparams[0]] * width)
     init, chunk, evaluate, _ = _compiled(plan.env, plan.algo, build_config(plan.algo, plan.config),
@@ -201,6 +269,24 @@ def probe(plans: dict[str, Any], device_bytes: int | None, names: dict[str, str]
     overhead = GPU_PROCESS_BYTES if measured is not None else 0
     return {key: fit(lambda b, p=plan: measure_kernel(p, b), len(plan.hparams), available, shape=names[key],
                      overhead=overhead) for key, plan in plans.items()}
+
+
+def probe_shapes(plans: dict[str, dict[str, Any]], names: dict[str, str], device_bytes: int | None,
+                 device: dict[str, Any]) -> dict[str, dict[str, int]] | str | None:
+    """Run as a one-off Ray task on the trials' device: each shape's memory fit
+    (:func:`probe`) as plain data, the one-line error when a shape cannot fit,
+    or None where the device's memory is unknown. Its compiles land in the persistent cache."""
+    from harness.cluster.trainable import setup_process  # Ray Tune: not at import
+
+    # the whole GPU, whatever share a trial gets: the device's memory is what is measured
+    setup_process({**device, "gpu_fraction": 1.0} if device.get("gpu_fraction") else device)
+    try:
+        fits = probe({k: TrialPlan(**v) for k, v in plans.items()}, device_bytes, names)
+    except StudyError as err:
+        return str(err)
+    except RuntimeError as err:  # the device failed (XLA/CUDA: out of memory, no usable GPU): one line
+        return probe_failure(err)
+    return None if fits is None else {k: dataclasses.asdict(f) for k, f in fits.items()}
 
 
 def final_width(needed: int, configs: int, *, rounds: int, kernel_s: float | None, compile_s: float | None) -> int:

@@ -1,4 +1,6 @@
-"""Starting or joining Ray, and what each trial gets of the machine.
+"""Ray's lifetime for a study: starting or joining it, stopping what a killed driver left behind,
+shutting it down; a SIGTERM taken as Ctrl-C. (What each trial gets of the machine:
+:mod:`harness.cluster.placement`.)
 
 The embedded local Ray stays on 127.0.0.1 (RAY_FACTS.md: ``_node_ip_address`` alone is not
 enough; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every port on loopback, single node).
@@ -7,53 +9,29 @@ enough; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every port on loopback, si
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
 import socket
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-if TYPE_CHECKING:
-    from harness.folder import ResultsFolder
-    from harness.settings import Settings
-    from harness.space import Budget
+from harness.cluster import ray_private
+from harness.driver.settings import Settings, check_address
+from harness.space import StudyError
+from harness.store.folder import ResultsFolder
+from harness.store.records import write_json
 
 
 class ClusterError(RuntimeError):
     """Ray could not be started or reached."""
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Resources per trial and how many trials run at once."""
-
-    kind: str  # "cpu" or "gpu"
-    resources: dict[str, float]
-    slots: int
-    device: dict[str, Any]  # handed to each trial's process setup
-
-
-def check_address(address: str) -> None:
-    """That ``--address`` is ``auto``/``local``, or a host:port (``ray://`` too: Ray's client) that
-    accepts a connection now: said in one line at once, not after Ray's own timeouts (35 s for a
-    client).
-
-    Raises:
-        ClusterError: neither.
-    """
-    if address in ("auto", "local"):
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ClusterError(f"--address {address!r} is not host:port, 'auto' or ray://host:port")
-    try:
-        socket.create_connection((host, int(port)), timeout=3).close()
-    except OSError as err:
-        raise ClusterError(f"cannot reach a Ray cluster at {address} ({err.strerror or err}); "
-                           "start one with `ray start --head` or leave out --address") from None
 
 
 def _use_token_if_any() -> None:
@@ -113,7 +91,10 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
         kwargs["runtime_env"] = _shipped_code(code_dir)
     try:
         if address:
-            check_address(address)
+            try:
+                check_address(address)
+            except StudyError as err:  # said as the cluster's error: Ray is not reached
+                raise ClusterError(str(err)) from None
             if loopback:
                 kwargs["_node_ip_address"] = "127.0.0.1"  # a head on loopback: join it there
             ctx = ray.init(address=address, **kwargs)
@@ -165,12 +146,7 @@ def _init_embedded(ray: Any, **kwargs: Any) -> Any:
 def note_session(path: Any) -> None:
     """Writes which driver runs the embedded Ray and its session folder, so a later run of the
     same study can stop what a killed driver left behind (:func:`stop_leftovers`)."""
-    import ray
-
-    from harness.records import write_json
-
-    node = ray._private.worker._global_node  # the only handle on the session folder
-    write_json(path, {"driver_pid": os.getpid(), "session_dir": node.get_session_dir_path()})
+    write_json(path, {"driver_pid": os.getpid(), "session_dir": ray_private.session_dir()})
 
 
 def stop_leftovers(path: Any, *, grace: float = 5.0) -> list[int]:
@@ -178,9 +154,6 @@ def stop_leftovers(path: Any, *, grace: float = 5.0) -> list[int]:
     driver is dead: Ray's own processes of that session and their workers, found by their command
     line or open files in its session folder (a killed driver leaves some running). Returns their
     PIDs. A driver still running the study is an error: two drivers must not share a study."""
-    import json
-    from pathlib import Path
-
     try:
         info = json.loads(Path(path).read_text())
         pid, session = int(info["driver_pid"]), str(info["session_dir"])
@@ -199,9 +172,6 @@ def stop_leftovers(path: Any, *, grace: float = 5.0) -> list[int]:
 
 def _stop_processes(pids: list[int], *, grace: float) -> None:
     """SIGTERM, then SIGKILL for those still running after ``grace`` s."""
-    import signal
-    import time
-
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for p in pids:
             try:
@@ -278,20 +248,6 @@ def run_once(fn: Any, *args: Any, gpu: bool) -> Any:
     return ray.get(ray.remote(max_calls=1, num_cpus=1, num_gpus=1 if gpu else 0)(fn).remote(*args))
 
 
-def placement(cache_dir: str, *, gpus_per_trial: float = 0.5) -> Placement:
-    """One CPU core per trial on CPU machines (pinned); a share of a GPU where there are GPUs."""
-    import ray
-
-    res = ray.cluster_resources()
-    gpus, cpus = res.get("GPU", 0.0), max(1, int(res.get("CPU", 1)))
-    device: dict[str, Any] = {"cache_dir": cache_dir, "chunk_timeout": 900}
-    if gpus > 0:
-        device["gpu_fraction"] = gpus_per_trial
-        return Placement("gpu", {"cpu": 1, "gpu": gpus_per_trial},
-                         max(1, int(gpus / gpus_per_trial)), device)
-    return Placement("cpu", {"cpu": 1}, cpus, {**device, "pin_cores": True, "cpus": 1})
-
-
 @contextmanager
 def session(settings: Settings, folder: ResultsFolder) -> Iterator[tuple[str | None, str | None]]:
     """Ray for the length of a study: the cluster at ``settings.address``, or an embedded one
@@ -327,10 +283,6 @@ def terminate_as_interrupt(resume: str, grace: float = 20.0) -> Iterator[None]:
     would then wait on a dead cluster: after ``grace`` s the driver says the same and exits at
     once (130), as a killed driver would, which the next run resumes. The block should end
     after Ray is shut down. Main thread only."""
-    import signal
-    import sys
-    import threading
-
     def hard_exit() -> None:
         print(f"\ninterrupted; finished trials are saved. Resume with: {resume}", file=sys.stderr, flush=True)
         os._exit(130)
@@ -368,89 +320,10 @@ def _quiet_ray_monitor_stack() -> None:
     error: Terminated with signal 15 ..."): a stop, not a failure, so the driver does not print
     that message. Installed when the study starts (the message can arrive before the driver's own
     handler runs); every other message Ray sends still prints."""
-    try:
-        from ray._private import worker
-    except ImportError:
-        return
-    printer = worker.print_to_stdstream
-    if getattr(printer, "_rl_harness_quiet", False):
-        return
-
-    def quiet(data: dict, ignore_prefix: bool) -> None:
+    def monitor_stopped(data: dict) -> bool:
         lines = data.get("lines") or []
-        if data.get("pid") == "raylet" and any("Terminated with signal" in line for line in lines):
-            return
-        printer(data, ignore_prefix)
+        return data.get("pid") == "raylet" and any("Terminated with signal" in line for line in lines)
 
-    quiet._rl_harness_quiet = True  # type: ignore[attr-defined]
-    worker.print_to_stdstream = quiet
+    ray_private.drop_driver_messages(monitor_stopped)
 
 
-def cache_dir() -> str:
-    """JAX's persistent compilation cache, shared by every study and trial process on a node."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "rl-harness", "jax")
-
-
-def fit_trials(settings: Settings, budget: Budget, place: Placement, *, say: Any = None) -> Placement:
-    """Measures each static shape's device memory where the trials run (a one-off worker on a
-    GPU) and decides trials per device and configurations per sub-batch; the placement with the
-    checkpoint cadence. Nothing is measured on a CPU unless ``--device-memory`` states a size. On
-    the embedded Ray, a study of fewer trials than cores gives each trial a share of the cores.
-
-    Raises:
-        StudyError: a shape cannot fit even one configuration at a time (or PBT's whole population).
-    """
-    import dataclasses
-    import math
-
-    from harness.placement import fmt_bytes
-    from harness.progress import say as progress_say
-    from harness.space import StudyError, label, static_points
-    from harness.trainable import probe_shapes, shape_key
-
-    say = say or progress_say
-    place = dataclasses.replace(place, device={**place.device, **settings.checkpoint})
-    trials = settings.tune_trials(budget)
-    if place.kind == "cpu" and not settings.address and trials < place.slots:
-        share = place.slots // trials  # fewer trials than cores: each compiles and runs on several
-        place = dataclasses.replace(place, resources={**place.resources, "cpu": share}, slots=trials,
-                                    device={**place.device, "cpus": share})
-    if place.kind == "cpu" and settings.device_bytes is None:
-        return place
-    plans, names = {}, {}
-    for point in static_points(settings.study, set(settings.config_fields)):
-        config = settings.static_config(point, budget.timesteps)
-        key = shape_key(config)
-        hparams = [dict(settings.study.hparams)] * budget.configs_per_trial
-        plans[key] = dataclasses.asdict(settings.plan(config, hparams, seeds=budget.seeds, trial=0))
-        where = ", ".join(f"{k}={label(v)}" for k, v in point.items())
-        names[key] = (f"study {settings.study.name}" + (f" ({where})" if where else "") +
-                      f", {budget.configs_per_trial} configs x {budget.seeds} seeds")
-    say("measuring each trial shape's device memory ...")
-    fits = run_once(probe_shapes, plans, names, settings.device_bytes, place.device, gpu=place.kind == "gpu")
-    if isinstance(fits, str):
-        raise StudyError(fits)
-    if fits is None:
-        return place
-    shapes, per_device = {}, []
-    for key, f in fits.items():
-        if settings.scheduler in ("pbt", "lanes") and f["config_batch"] < budget.configs_per_trial:
-            what = ("population-based training" if settings.scheduler == "pbt"
-                    else "refilling lanes (--scheduler lanes)")
-            raise StudyError(f"{names[key]}: {what} needs a trial's {budget.configs_per_trial} "
-                             f"configurations in one kernel, but only {f['config_batch']} fit; lower "
-                             "--configs-per-trial or --seeds")
-        per_device.append(f["per_device"])
-        shapes[key] = {"config_batch": f["config_batch"]}
-        if place.kind == "gpu":
-            shapes[key]["gpu"] = math.floor(10_000 / f["per_device"]) / 10_000  # Ray's resource quantum
-        split = (f", configurations in sub-batches of {f['config_batch']}"
-                 if f["config_batch"] < budget.configs_per_trial else "")
-        say(f"  {names[key]}: {fmt_bytes(f['need'])} per trial of {fmt_bytes(f['available'])}; "
-            f"{f['per_device']} at a time per device{split}")
-    if place.kind == "gpu":
-        slots = int(round(place.slots * place.resources["gpu"])) * max(per_device)  # 1 / share trials per GPU
-    else:
-        slots = min(place.slots, min(per_device))
-    return dataclasses.replace(place, slots=max(1, slots), device={**place.device, "shapes": shapes})

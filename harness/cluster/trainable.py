@@ -17,10 +17,16 @@ from typing import Any
 
 from ray import tune
 
-from harness.folder import KERNEL_FILE  # a mid-run checkpoint: the trial's whole kernel (TrialRunner.snapshot)
-from harness.records import write_bytes
+from harness.kernel.device import configure_xla, use_compile_cache
+from harness.kernel.plan import OutOfMemory, TrialPlan
+from harness.kernel.stats import config_score, maximized
+from harness.lanes.trial import LaneTrial, broker_call
+from harness.store.folder import (
+    KERNEL_FILE,  # a mid-run checkpoint: the trial's whole kernel (TrialRunner.snapshot)
+)
+from harness.store.records import config_id, write_bytes
 
-LANES_FILE = "lanes.json"  # beside it, for a trial whose lanes are refilled: harness.lanes.LaneTrial.state
+LANES_FILE = "lanes.json"  # beside it, for a trial whose lanes are refilled: harness.lanes.trial.LaneTrial.state
 
 _SETUP_DONE = False
 CHECKPOINT_SECONDS = 60.0  # default interval between mid-run checkpoints
@@ -58,8 +64,6 @@ def setup_process(device: dict[str, Any]) -> None:
     global _SETUP_DONE
     if _SETUP_DONE:
         return
-    from harness.device import configure_xla, use_compile_cache
-
     configure_xla()  # no GPU preallocation: a process holds what its kernels need
     if device.get("gpu_fraction"):  # a cap, so one trial cannot starve the others on its GPU
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.95 * device['gpu_fraction']:.3f}")
@@ -70,28 +74,6 @@ def setup_process(device: dict[str, Any]) -> None:
     _SETUP_DONE = True
 
 
-def probe_shapes(plans: dict[str, dict[str, Any]], names: dict[str, str], device_bytes: int | None,
-                 device: dict[str, Any]) -> dict[str, dict[str, int]] | str | None:
-    """Run as a one-off Ray task on the trials' device: each shape's memory fit
-    (``harness.placement.probe``) as plain data, the one-line error when a shape cannot fit,
-    or None where the device's memory is unknown. Its compiles land in the persistent cache."""
-    import dataclasses
-
-    from harness.kernel import TrialPlan
-    from harness.placement import probe, probe_failure
-    from harness.space import StudyError
-
-    # the whole GPU, whatever share a trial gets: the device's memory is what is measured
-    setup_process({**device, "gpu_fraction": 1.0} if device.get("gpu_fraction") else device)
-    try:
-        fits = probe({k: TrialPlan(**v) for k, v in plans.items()}, device_bytes, names)
-    except StudyError as err:
-        return str(err)
-    except RuntimeError as err:  # the device failed (XLA/CUDA: out of memory, no usable GPU): one line
-        return probe_failure(err)
-    return None if fits is None else {k: dataclasses.asdict(f) for k, f in fits.items()}
-
-
 def _floats(rows: Any) -> list[list[float | None]]:
     """A [C, S] array as nested lists, NaN as None (JSON has no NaN)."""
     return [[None if not math.isfinite(float(x)) else float(x) for x in row] for row in rows]
@@ -99,8 +81,6 @@ def _floats(rows: Any) -> list[list[float | None]]:
 
 def _best(rows: list[list[float | None]], diverged: list[list[bool]], maximize: bool = True) -> float:
     """The best configuration's mean over seeds (what Tune and ASHA see); NaN if none has one."""
-    from harness.stats import config_score
-
     means = [m for row, div in zip(rows, diverged, strict=True) if (m := config_score(row, div)) is not None]
     if not means:
         return float("nan")
@@ -142,8 +122,6 @@ def _export(study: str, trial: int, values: dict[str, list[float | None]], sps: 
     study, trial and configuration: ``rl_harness_<name>{study, trial, config}``."""
     from ray.util.metrics import Gauge
 
-    from harness.records import config_id
-
     if not _GAUGES:
         for name, desc in (("return", "mean training episode return over seeds, last chunk"),
                            ("score", "score under the study's objective, mean over seeds"),
@@ -158,7 +136,7 @@ def _export(study: str, trial: int, values: dict[str, list[float | None]], sps: 
 
 
 class StudyTrial(tune.Trainable):
-    """A Tune trial: one C x S kernel (``harness.kernel.TrialRunner``), one chunk per ``step``.
+    """A Tune trial: one C x S kernel (``harness.kernel.runners.TrialRunner``), one chunk per ``step``.
 
     Subclassed per study by :func:`trainable_for`, so the Ray dashboard's Actors page (and
     ``ray.util.state.list_actors()``) names the study in the class and the trial in the repr.
@@ -173,7 +151,7 @@ class StudyTrial(tune.Trainable):
         self._start(config)
 
     def _start(self, config: dict[str, Any]) -> None:
-        from harness.kernel import OutOfMemory, TrialPlan, runner_for
+        from harness.kernel.runners import runner_for  # JAX: after the process setup, never at import
 
         self.plan = TrialPlan(**config["plan"])
         self.device = config.get("device", {})
@@ -189,8 +167,6 @@ class StudyTrial(tune.Trainable):
         try:  # compiles on first use of a static config
             self.runner = runner_for(self.plan, config_batch=shape_of(config).get("config_batch"))
             if self.plan.lanes:  # lane-level successive halving: the lanes' side, and the broker's line
-                from harness.lanes import LaneTrial, broker_call
-
                 self.lanes = LaneTrial.start(self.plan, self.runner.budget_steps)
                 self.broker = broker_call(self.plan.lanes["broker"])
         except (OutOfMemory, *DETERMINISTIC) as err:
@@ -207,8 +183,6 @@ class StudyTrial(tune.Trainable):
         try:
             lanes = None
             if self.lanes is not None:  # read first: a runner restored without its lanes would be half-restored
-                from harness.lanes import LaneTrial
-
                 with open(os.path.join(os.path.dirname(path), LANES_FILE)) as f:
                     lanes = LaneTrial.from_state(f.read())
             with open(path, "rb") as f:
@@ -285,8 +259,6 @@ class StudyTrial(tune.Trainable):
     def _lane_step(self, r: Any) -> dict[str, Any]:
         """A chunk's result for a trial whose lanes are refilled: the best configuration that
         ended so far (Tune's view), progress, and at the end every configuration's record."""
-        from harness.stats import config_score, maximized
-
         _maybe_crash(self.plan, r.chunk)
         self.watchdog.idle()
         records = self.lanes.records()
@@ -310,9 +282,6 @@ class StudyTrial(tune.Trainable):
         return f"{getattr(self, 'study_name', 'study')} trial {plan.trial if plan else '?'}"
 
     def step(self) -> dict[str, Any]:
-        from harness.kernel import OutOfMemory
-        from harness.stats import config_score, maximized
-
         if self.failure is None:
             self.watchdog.busy()
             try:
@@ -387,8 +356,6 @@ def failure_text(err: BaseException) -> str:
 
 def shape_key(static: dict[str, Any]) -> str:
     """The key of a trial shape (its static config) in the placement's ``shapes``."""
-    import json
-
     return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in static.items()}, sort_keys=True)
 
 

@@ -4,8 +4,8 @@ the run goes, for the ablation path).
 
 Also the thin Tune-facing shells over plain objects: :class:`GuardedSearcher` (a searcher that
 stops acting once the results disk refuses writes, as Tune's ``ConcurrencyLimiter`` wraps one),
-the disk callback, stopper and log filter over :class:`~harness.guard.DiskGuard`, and the
-progress callback over :class:`~harness.progress.Progress`.
+the disk callback, stopper and log filter over :class:`~harness.driver.guard.DiskGuard`, and the
+progress callback over :class:`~harness.driver.progress.Progress`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Any, Literal
 from ray import tune
 from ray.tune.search import Searcher
 
-from harness.cluster import Placement
-from harness.folder import ResultsFolder
-from harness.guard import DiskGuard
-from harness.progress import Progress
-from harness.settings import Settings
-from harness.trainable import BOILERPLATE
+from harness.cluster.placement import Placement
+from harness.cluster.trainable import BOILERPLATE, trainable_for
+from harness.driver.guard import DiskGuard
+from harness.driver.progress import Progress
+from harness.driver.settings import Settings
+from harness.store.folder import ResultsFolder
 
 MAX_FAILURES = 2  # retries of a trial whose worker died (it goes on from its last checkpoint)
 
@@ -38,14 +38,12 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         until: Callable[[], bool] | None = None) -> tune.ResultGrid:
     """Runs one Tune experiment under ``folder/tune/<kind>-K``: the study's trainable, its
     placement, actor reuse, retries of dead workers, the disk guard's callback and stopper
-    (``halt``: another reason to stop the whole run; ``until``: once true, no new trial starts). A final run (``kind="final"``) keeps each
-    trial's last checkpoint: the trained policies.
+    (``halt``: another reason to stop the whole run; ``until``: once true, no new trial starts).
+    A final run (``kind="final"``) keeps each trial's last checkpoint: the trained policies.
 
     Raises:
         StudyError: the results disk refused a write meanwhile (the guard's one line).
     """
-    from harness.trainable import trainable_for
-
     DiskErrorLog.install(guard)
     logging.getLogger("ray.tune.tune").addFilter(_not_incomplete_trials)
     guarded = GuardedSearcher(searcher, guard, until) if searcher else None
@@ -267,7 +265,7 @@ def _not_incomplete_trials(record: logging.LogRecord) -> bool:
 
 
 class ProgressCallback(tune.Callback):
-    """Feeds Tune's trial events to :class:`~harness.progress.Progress`."""
+    """Feeds Tune's trial events to :class:`~harness.driver.progress.Progress`."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress

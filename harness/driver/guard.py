@@ -3,7 +3,7 @@
 One :class:`DiskGuard` per invocation, handed to each phase. It decides whether an error is the
 results disk refusing writes, remembers the first such problem, and says so in one line with
 the resume command. The Tune-facing adapters (a searcher wrapper, a callback, a stopper, a log
-filter) are thin shells over it in :mod:`harness.tuning`. Nothing here imports Ray.
+filter) are thin shells over it in :mod:`harness.cluster.tuning`. Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from harness.folder import ResultsFolder
-from harness.records import disk_problem, writable
 from harness.space import StudyError
+from harness.store.folder import ResultsFolder
+from harness.store.records import disk_problem, writable
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """What a running study prints: a line per recorded trial, and throughput every 15 s.
 
 :class:`Progress` is plain state (trials done, the study's best so far, env steps of running
-trials) with the lines it makes; :mod:`harness.tuning` feeds it from Tune's callbacks and the
+trials) with the lines it makes; :mod:`harness.cluster.tuning` feeds it from Tune's callbacks and the
 search phase from the records. Nothing here imports Ray.
 """
 
@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.records import config_id
+from harness.kernel.stats import config_value
 from harness.space import label
-from harness.stats import config_value
+from harness.store.records import config_id
 
 THROUGHPUT_EVERY = 15.0  # seconds between throughput lines
 

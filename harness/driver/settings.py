@@ -14,15 +14,28 @@ import json
 import math
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.folder import ResultsFolder, StudyMeta
-from harness.kernel import SEARCH, TrialPlan
-from harness.records import RecordsError
-from harness.space import PBT, Budget, Categorical, Int, LogUniform, Study, StudyError, static_points
-from harness.timeplan import parse_duration
+from harness.driver.timeplan import parse_duration
+from harness.kernel.plan import SEARCH, TrialPlan
+from harness.lanes.trial import ETA, ROUNDS
+from harness.space import (
+    PBT,
+    Budget,
+    Categorical,
+    Int,
+    LogUniform,
+    Study,
+    StudyError,
+    static_points,
+    validate,
+    validate_pbt,
+)
+from harness.store.folder import ResultsFolder, StudyMeta
+from harness.store.records import RecordsError
 
 RESUME_FIXED = ("configs_per_trial", "seeds", "timesteps")  # budget values a resumed study keeps
 OPEN_TRIALS = 100_000  # a time-budgeted search's bound on trials: the time ends it long before
@@ -67,7 +80,7 @@ class Settings:
     address: str | None  # an existing Ray cluster; None: the embedded one
     smoke: bool
     resume_command: str  # the command that resumes this study (printed when it stops early)
-    ablation: bool = True  # the ablation path after the final phase (harness.ablation)
+    ablation: bool = True  # the ablation path after the final phase (harness.phases.ablation)
     rounds: float | None = None  # with lanes: a lane trial's length in trials (with_rounds); None: not set yet
     optuna_study: str = ""  # the Optuna study's name in the storage (with_optuna_study); "": the study's name
     time_s: float | None = None  # --time in seconds: the search runs trials until its share is spent
@@ -101,9 +114,7 @@ class Settings:
 
     def lane_rounds(self, budget: Budget) -> float:
         """How many trials' worth of chunks one lane trial runs (:meth:`with_rounds`; before it,
-        the budget's trials over one lane trial per :data:`harness.lanes.ROUNDS` of them)."""
-        from harness.lanes import ROUNDS
-
+        the budget's trials over one lane trial per :data:`harness.lanes.trial.ROUNDS` of them)."""
         return self.rounds or budget.trials / -(-budget.trials // ROUNDS)
 
     @property
@@ -125,7 +136,7 @@ class Settings:
             return dataclasses.replace(self, optuna_study=stored.optuna_study or self.study.name)
         if own_storage:
             return dataclasses.replace(self, optuna_study=self.study.name)
-        from harness.storage import free_study_name
+        from harness.search.storage import free_study_name  # Optuna: not at import
 
         return dataclasses.replace(self, optuna_study=free_study_name(self.study.name, self.storage))
 
@@ -139,7 +150,7 @@ class Settings:
     def with_rounds(self, budget: Budget, slots: int, stored: StudyMeta | None) -> Settings:
         """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy (the
         slots the trials fit in) and leave room for each combination of the static choices (which
-        split trials), and no more than one per :data:`harness.lanes.ROUNDS` of the budget's
+        split trials), and no more than one per :data:`harness.lanes.trial.ROUNDS` of the budget's
         trials, so its env steps go to as few lane-trial ends as the machine allows: in the
         chunks before a lane trial's end a new configuration cannot finish, so they add
         configurations seen at a rung, never one trained to the end (CartPole, 12 trials on 2 cores:
@@ -147,8 +158,6 @@ class Settings:
         A resumed study keeps its own length."""
         if self.scheduler != "lanes":
             return self
-        from harness.lanes import ROUNDS
-
         if stored is not None and stored.scheduler == "lanes" and stored.budget:
             # its own length; None in a folder from before it was stored: lane_rounds' rule, as it started with
             return dataclasses.replace(self, rounds=stored.rounds)
@@ -171,8 +180,6 @@ class Settings:
         of the budget's env steps, answered by the broker named ``broker``."""
         if self.scheduler != "lanes":
             return None
-        from harness.lanes import ETA
-
         return {"eta": ETA, "min_steps": max(1, budget.timesteps // ETA**2), "budget": budget.timesteps,
                 "broker": broker}
 
@@ -293,10 +300,8 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
             a scheduler that cannot run at this budget, a bad --checkpoint-every or --device-memory,
             an --address that does not answer, a --storage that cannot be opened, an empty value.
     """
-    import algos
+    import algos  # JAX: when a study is resolved, not at import
     import envs
-    from harness.placement import parse_bytes
-    from harness.space import validate, validate_pbt
 
     try:
         spec = algos.get(study.algo)
@@ -359,16 +364,31 @@ def _check_reachable(options: Options) -> None:
     """The cluster and the Optuna storage the user named answer now: said before Ray starts (and
     before --fresh moves old results aside), in one line."""
     if options.address:
-        from harness.cluster import ClusterError, check_address
-
-        try:
-            check_address(options.address)
-        except ClusterError as err:
-            raise StudyError(str(err)) from None
+        check_address(options.address)
     if options.storage:
-        from harness.storage import check_storage
+        from harness.search.storage import check_storage  # Optuna: only when a storage is named
 
         check_storage(options.storage)
+
+
+def check_address(address: str) -> None:
+    """That ``--address`` is ``auto``/``local``, or a host:port (``ray://`` too: Ray's client) that
+    accepts a connection now: said in one line at once, not after Ray's own timeouts (35 s for a
+    client).
+
+    Raises:
+        StudyError: neither (the cluster's session says it as a ``ClusterError``).
+    """
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise StudyError(f"--address {address!r} is not host:port, 'auto' or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as err:
+        raise StudyError(f"cannot reach a Ray cluster at {address} ({err.strerror or err}); "
+                         "start one with `ray start --head` or leave out --address") from None
 
 
 def resolve_budget(study: Study, options: Options, kind: str, stored: StudyMeta | None,
@@ -446,6 +466,28 @@ def parse_checkpoint_every(text: str) -> dict[str, float]:
     if (m.group(2) or "s").startswith("chunk"):
         return {"checkpoint_seconds": 0, "checkpoint_chunks": int(m.group(1))}
     return {"checkpoint_seconds": float(m.group(1)), "checkpoint_chunks": 0}
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GiB"``, ``"512MB"``, ``"1e9"`` -> bytes (binary units either way).
+
+    Raises:
+        StudyError: not a size.
+    """
+    t = text.strip().lower().replace(" ", "")
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise StudyError(f"--device-memory {text!r} is not a size (e.g. 80GiB, 512MiB)") from None
+    if value <= 0:
+        raise StudyError(f"--device-memory {text!r} must be positive")
+    return int(value)
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
 
 
 def _kind(dist: Any) -> str:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.progress import fmt_params
+from harness.driver.progress import fmt_params
+from harness.reports import importance
 
 
 def lines(paths: dict[str, Path], *, done: int, minutes: float,
@@ -79,8 +80,6 @@ def ablation_line(abl: pd.DataFrame, raw: dict[str, Any]) -> str:
 
 def importance_lines(paths: dict[str, Path]) -> list[str]:
     """The three most important hyperparameters by each evaluator, or why there are none."""
-    from harness import importance
-
     if "importance" not in paths:
         try:
             configs = pd.read_csv(paths["configs"])

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from harness.kernel.device import use_compile_cache
 from harness.space import StudyError
 
 PHASE_OVERHEAD_S = 10.0  # a Tune run's own start: actors, imports, the compile cache read
@@ -138,8 +139,7 @@ def calibrate(plan: Any, cache_dir: str | None) -> tuple[float, float]:
     """Compiles ``plan``'s kernel here and times two chunks: (compile seconds, the kernel's
     seconds for the whole budget). The compiled program goes to the node's persistent cache,
     where the trials find it."""
-    from harness.device import use_compile_cache
-    from harness.kernel import runner_for
+    from harness.kernel.runners import runner_for  # JAX: settings imports this module at its top
 
     if cache_dir:
         use_compile_cache(cache_dir)

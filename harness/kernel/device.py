@@ -1,4 +1,5 @@
-"""Process-level JAX setup, done before JAX first runs anything."""
+"""Process-level JAX setup, done before JAX first runs anything, and where a node's persistent
+compilation cache lives. No JAX at import."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ def configure_xla() -> None:
     if _CPU_FLAG not in flags:
         os.environ["XLA_FLAGS"] = (flags + " " + _CPU_FLAG).strip()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def cache_dir() -> str:
+    """JAX's persistent compilation cache, shared by every study and trial process on a node."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rl-harness", "jax")
 
 
 def use_compile_cache(cache_dir: str) -> None:

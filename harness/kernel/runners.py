@@ -1,243 +1,45 @@
-"""The trial kernel: C configurations x S seeds of one static config, trained in chunks.
+"""The trial kernel driven chunk by chunk: C configurations x S seeds of one static config.
 
-No Ray or Optuna here: :func:`run_trial` takes a :class:`TrialPlan` (plain data), calls
-``on_chunk`` between compiled chunks and returns per-configuration, per-seed results. Compiled
-functions are cached per process, so a reused worker compiles a static config once.
+No Ray or Optuna here: :func:`run_trial` takes a :class:`~harness.kernel.plan.TrialPlan` (plain
+data), calls ``on_chunk`` between compiled chunks (:mod:`harness.kernel.compile`) and returns
+per-configuration, per-seed results; a runner's whole state goes to and comes back from a snapshot.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import threading
+import dataclasses
+import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
+from flax import serialization
 
-from harness.stats import OBJECTIVES, objective_values
-
-# Key streams: (study seed, trial, stream, seed index) -> PRNG key. Training and evaluation use
-# different streams, so a configuration is scored on episodes it never trained on; the final
-# re-training of the best configurations uses streams of its own (fresh seeds).
-SEARCH, FINAL = 0, 1
-CURVE_TAG = 7919  # evaluation after chunk k uses fold_in(fold_in(eval key, CURVE_TAG), k)
-PBT_TAG = 104729  # the exploit/explore step after chunk k uses fold_in(fold_in(trial key, PBT_TAG), k)
-CONFIG_TAG = 15485863  # with config_keys: configuration n's keys from fold_in(fold_in(study key, CONFIG_TAG), n)
-
-
-@dataclass(frozen=True)
-class TrialPlan:
-    """Everything a worker needs to run one trial, as plain data (it travels through Ray)."""
-
-    env: str
-    algo: str
-    config: dict[str, Any]  # static config fields (total_timesteps included)
-    hparams: list[dict[str, float]]  # one dict of traced values per configuration: C of them
-    seeds: int
-    trial: int
-    study_seed: int = 0
-    stream: int = SEARCH
-    objective: str = "final"  # what a run's score is (harness.stats.objective_values)
-    threshold: float | None = None  # for objective "steps"
-    curve_episodes: int = 4  # evaluation episodes per seed after every chunk (0: none)
-    # population-based training across the C configurations: {"interval": chunks, "fraction",
-    # "perturb", "bounds": [[name, low, high, log], ...]} (algos.pbt); None: none
-    pbt: dict[str, Any] | None = None
-    # hyperparameters changed between chunks (a PBT lineage replayed): [{"chunk": k, "hparams":
-    # [C dicts]}], each applied after chunk k; None: fixed
-    schedule: list[dict[str, Any]] | None = None
-    # each configuration's own key (its Optuna number): its keys derive from (study seed, key,
-    # stream, seed index) instead of the trial and its position, so it trains the same in any
-    # trial and lane (the lanes of harness.lanes); None: keyed by the trial
-    config_keys: list[int] | None = None
-    # the trial's length in chunks when its lanes are refilled with new configurations as they
-    # stop (each configuration still trains at most the config's num_chunks); None: num_chunks
-    chunks: int | None = None
-    # lane-level successive halving (harness.lanes): {"eta", "min_steps", "broker"}; None: none
-    lanes: dict[str, Any] | None = None
-
-
-@dataclass
-class ChunkReport:
-    """What one chunk produced, on the host."""
-
-    chunk: int  # 1-based
-    num_chunks: int
-    env_steps: int  # per seed, cumulative
-    returns: np.ndarray  # [C, S] mean return of episodes finished in this chunk (NaN: none)
-    evals: np.ndarray  # [C, S] evaluation return after this chunk (NaN: not evaluated)
-    diverged: np.ndarray  # [C, S] bool, sticky
-    steps_per_sec: float  # all C x S runs together, this chunk
-    kernel_seconds: float  # time spent in compiled chunks so far (compile excluded)
-    pbt: dict[str, Any] | None = None  # the exploit/explore step after this chunk: source, hparams
-    lane_steps: np.ndarray | None = None  # [C] env steps per seed of each lane's configuration so far
-
-
-@dataclass
-class TrialResult:
-    scores: np.ndarray  # [C, S] value under the plan's objective (NaN where diverged)
-    final_returns: np.ndarray  # [C, S] evaluation return after the last chunk
-    diverged: np.ndarray  # [C, S] bool
-    env_steps: int  # per seed
-    kernel_seconds: float
-    compile_seconds: float
-    curves: list[ChunkReport] = field(default_factory=list)
-    final_hparams: list[dict[str, float]] = field(default_factory=list)  # after PBT or a schedule
-
-
-def keys_for(plan: TrialPlan) -> tuple[Any, Any]:
-    """Training and evaluation keys ``[C, S]``; every configuration of a trial shares its seeds
-    (with ``config_keys``: each configuration has its own, :func:`config_keys`)."""
-    import jax
-
-    if plan.config_keys is not None:
-        return config_keys(plan.study_seed, plan.config_keys, plan.stream, plan.seeds)
-    base = jax.random.fold_in(jax.random.key(plan.study_seed), plan.trial)
-
-    def stream(tag: int) -> Any:
-        k = jax.random.fold_in(base, 2 * plan.stream + tag)
-        keys = jax.vmap(lambda s: jax.random.fold_in(k, s))(np.arange(plan.seeds))
-        return jax.numpy.broadcast_to(keys, (len(plan.hparams), plan.seeds))
-
-    return stream(0), stream(1)
-
-
-def config_keys(study_seed: int, numbers: list[int], stream: int, seeds: int) -> tuple[Any, Any]:
-    """Training and evaluation keys ``[C, S]`` of configurations keyed by their own ``numbers``:
-    (study seed, number, stream, seed index), whichever trial or lane trains them."""
-    return _config_keys_fn(seeds)(np.uint32(study_seed), np.asarray(numbers, np.uint32), np.uint32(stream))
-
-
-@functools.lru_cache(maxsize=8)
-def _config_keys_fn(seeds: int) -> Callable:
-    import jax
-
-    def one(study_seed: Any, number: Any, stream: Any) -> tuple[Any, Any]:
-        base = jax.random.fold_in(jax.random.fold_in(jax.random.key(study_seed), CONFIG_TAG), number)
-
-        def keys(tag: int) -> Any:
-            k = jax.random.fold_in(base, 2 * stream + tag)
-            return jax.vmap(lambda s: jax.random.fold_in(k, s))(np.arange(seeds))
-        return keys(0), keys(1)
-
-    return jax.jit(jax.vmap(one, in_axes=(None, 0, None)))
-
-
-def make_algo(env_name: str, algo_name: str, config: Any) -> Any:
-    """The algorithm's pure functions for a registered env and a static config instance."""
-    import algos
-    import envs
-
-    env, env_params = envs.make(env_name)
-    return algos.get(algo_name).make(config, env, env_params)
-
-
-@functools.lru_cache(maxsize=16)
-def _compiled(env_name: str, algo_name: str, config: Any,
-              curve_episodes: int = 0) -> tuple[Callable, Callable, Callable, Any]:
-    """Jitted ``init``, ``chunk`` and ``evaluate`` over ``[C, S]`` lanes.
-
-    ``chunk(state, hparams, eval_keys, k [C]) -> (state, metrics, evals [C, S])`` trains one
-    chunk (the ``k[c]``-th of configuration c, 0-based) and then evaluates the policy
-    (deterministic unless the config samples) on ``curve_episodes``
-    episodes per run, in the same compiled call (NaN when ``curve_episodes`` is 0); its state
-    argument is donated (the old state is never read again, so the device holds one copy).
-    """
-    import jax
-    import jax.numpy as jnp
-
-    import algos
-
-    algo = make_algo(env_name, algo_name, config)
-
-    def train_then_evaluate(state: Any, hp: Any, key: Any) -> tuple[Any, Any, Any]:
-        state, metrics = algo.chunk(state, hp)
-        if not curve_episodes:
-            return state, metrics, jnp.float32(jnp.nan)
-        return state, metrics, algo.evaluate(state, key, curve_episodes).return_mean
-
-    def chunk(state: Any, hp: Any, eval_keys: Any, k: Any) -> tuple[Any, Any, Any]:
-        fold = jax.vmap(lambda keys, kc: jax.vmap(
-            lambda key: jax.random.fold_in(jax.random.fold_in(key, CURVE_TAG), kc))(keys))
-        return algos.batched(train_then_evaluate)(state, hp, fold(eval_keys, k))
-
-    return (jax.jit(algos.batched(algo.init)), jax.jit(chunk, donate_argnums=0),
-            jax.jit(algos.batched(algo.evaluate, hparams_argnum=None)), algo)
-
-
-@functools.lru_cache(maxsize=16)
-def _exploiter(env_name: str, algo_name: str, config: Any, pbt: Any) -> Callable:
-    """Jitted ``exploit(state, hparams, key, fitness [C]) -> (state, hparams, source [C])``
-    (``algos.pbt.exploit_explore``) for ``pbt``, an ``algos.pbt.PBTConfig``; state donated."""
-    import jax
-
-    from algos.pbt import exploit_explore
-
-    fields = _compiled(env_name, algo_name, config)[3].learner_fields
-
-    def exploit(state: Any, hp: Any, key: Any, fitness: Any) -> Any:
-        return exploit_explore(key, state, hp, fitness, config=pbt, learner_fields=fields)
-
-    return jax.jit(exploit, donate_argnums=0)
-
-
-@functools.lru_cache(maxsize=16)
-def _refiller(env_name: str, algo_name: str, config: Any) -> Callable:
-    """Jitted ``refill(state, hparams, train_keys, mask [C]) -> state``: the masked lanes started
-    afresh with their (new) hyperparameters and keys (``algos.common.refill_lanes``); state donated."""
-    import jax
-
-    import algos
-    from algos.common import refill_lanes
-
-    init = algos.batched(_compiled(env_name, algo_name, config)[3].init)
-    return jax.jit(lambda state, hp, keys, mask: refill_lanes(init, state, hp, keys, mask), donate_argnums=0)
-
-
-def pbt_config(spec: dict[str, Any]) -> Any:
-    """A plan's ``pbt`` entry as an ``algos.pbt.PBTConfig`` (hashable: one compile per setting)."""
-    from algos.pbt import Bound, PBTConfig
-
-    return PBTConfig(bounds=tuple(Bound(*b) for b in spec["bounds"]), fraction=spec.get("fraction", 0.25),
-                     perturb=spec.get("perturb", "multiply"), factors=tuple(spec.get("factors", (0.8, 1.25))))
-
-
-def build_config(algo_name: str, config: dict[str, Any]) -> Any:
-    import algos
-
-    spec = algos.get(algo_name)
-    return spec.config_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
-
-
-def _stack_hparams(algo_name: str, hparams: list[dict[str, float]]) -> Any:
-    import jax
-    import jax.numpy as jnp
-
-    import algos
-
-    cls = algos.get(algo_name).hparams_cls
-    return jax.tree.map(lambda *x: jnp.stack(x), *[cls.default(**h) for h in hparams])
-
-
-class OutOfMemory(RuntimeError):
-    """A trial's kernel does not fit in device memory even one configuration at a time."""
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """True for XLA's out-of-memory error (``RESOURCE_EXHAUSTED``) on any backend."""
-    import jax
-
-    return isinstance(err, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(err)
-
-
-def config_groups(configs: int, batch: int) -> list[list[int]]:
-    """The configurations' indices in sub-batches of ``batch`` (the last one may be shorter)."""
-    return [list(range(i, min(i + batch, configs))) for i in range(0, configs, batch)]
+from harness.kernel.compile import (
+    _compile_once_per_node,
+    _compile_soon,
+    _compiled,
+    _exploiter,
+    _refiller,
+    _stack_hparams,
+    build_config,
+    config_keys,
+    is_out_of_memory,
+    keys_for,
+    pbt_config,
+)
+from harness.kernel.plan import (
+    PBT_TAG,
+    ChunkReport,
+    OutOfMemory,
+    TrialPlan,
+    TrialResult,
+    check_objective,
+    config_groups,
+)
+from harness.kernel.stats import objective_values
 
 
 class TrialRunner:
@@ -259,7 +61,7 @@ class TrialRunner:
             raise ValueError("a plan with PBT or refilled lanes runs in its own runner: runner_for(plan)")
         self.plan = plan
         self.config = build_config(plan.algo, plan.config)
-        _check_objective(plan)
+        check_objective(plan)
         self._init, self._chunk, self._evaluate, self.algo = _compiled(plan.env, plan.algo, self.config,
                                                                         plan.curve_episodes)
         self.train_keys, self.eval_keys = keys_for(plan)
@@ -278,8 +80,6 @@ class TrialRunner:
     def _start(self, batch: int) -> None:
         """(Re)starts every sub-batch from its initial state; after an out-of-memory restart,
         replays the chunks already reported (their metrics are the ones already sent)."""
-        import jax
-
         self.batch, self.groups, self.hps, self.states, self.group_eval_keys = batch, [], [], [], []
         self.hparams = [dict(h) for h in self.plan.hparams]
         t0 = time.perf_counter()
@@ -317,8 +117,6 @@ class TrialRunner:
     def _run_chunk(self, k: int) -> tuple[Any, np.ndarray]:
         """Chunk ``k`` (0-based) of every sub-batch: metrics with leaves ``[C, S, K]`` and the
         evaluation after it ``[C, S]``."""
-        import jax
-
         out = []
         for g, idx in enumerate(self.groups):  # every sub-batch is dispatched before any is waited on
             ks = self._chunk_numbers(k, idx + [idx[0]] * (self.batch - len(idx)))
@@ -385,12 +183,6 @@ class TrialRunner:
         run's state (parameters, optimiser states, env states, RNG keys, running statistics),
         the hyperparameters in effect, the chunks done and their reports. Independent of the
         sub-batch width: a snapshot restores into any ``config_batch``."""
-        import dataclasses
-        import json
-
-        import jax
-        from flax import serialization
-
         state = self._gather(_key_data)
         hps = self._gather_hps()
         curves = [_report_record(r) for r in self.curves]
@@ -413,12 +205,6 @@ class TrialRunner:
         """Continues from :meth:`snapshot` ``blob`` of the same plan: the chunks after it give
         bit-identical results to a run that was never interrupted (same keys, same chunking).
         Raises ``ValueError`` for a snapshot of another plan or one that cannot be read."""
-        import dataclasses
-        import json
-
-        import jax
-        from flax import serialization
-
         try:
             snap = serialization.msgpack_restore(blob)
             ok = isinstance(snap, dict) and snap.get("format") == SNAPSHOT_FORMAT
@@ -446,15 +232,11 @@ class TrialRunner:
         self._restore_extra(snap)
 
     def _gather_hps(self) -> Any:
-        import jax
-
         parts = [_first(jax.device_get(hp), len(idx)) for hp, idx in zip(self.hps, self.groups, strict=True)]
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
 
     def _gather(self, leaves_of: Callable[[Any], Any]) -> Any:
         """``leaves_of(state)`` of every sub-batch on the host, joined to leaves ``[C, S, ...]``."""
-        import jax
-
         parts = [_first(jax.device_get(leaves_of(st)), len(idx))
                  for idx, st in zip(self.groups, self.states, strict=True)]
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
@@ -500,8 +282,6 @@ class PbtRunner(TrialRunner):
     one_kernel = True
 
     def __init__(self, plan: TrialPlan, *, config_batch: int | None = None) -> None:
-        import jax
-
         if not plan.pbt:
             raise ValueError("PbtRunner needs a plan with pbt set")
         if (config_batch or len(plan.hparams)) < len(plan.hparams):
@@ -523,8 +303,6 @@ class PbtRunner(TrialRunner):
         """After chunk ``k``: the population's exploit/explore step, on the device. Fitness is each
         configuration's mean evaluation return over the last ``interval`` chunks and its seeds
         (NaN, ranked last, where a seed diverged)."""
-        import jax
-
         interval = int(self.plan.pbt["interval"])
         recent = np.stack([r.evals for r in self.curves[-interval:]])  # [interval, C, S]
         fitness = np.where(self.curves[-1].diverged.any(-1), np.nan, recent.mean(axis=(0, 2)))
@@ -573,14 +351,10 @@ class LaneRunner(TrialRunner):
         return int((lane_steps - self.lane_steps).sum())
 
     def _snapshot_extra(self) -> dict[str, Any]:
-        import json
-
         return {"lanes": json.dumps({"ids": self.lane_ids, "start": self.lane_start,
                                      "steps": [int(x) for x in self.lane_steps]})}
 
     def _restore_extra(self, snap: dict[str, Any]) -> None:
-        import json
-
         lanes = json.loads(snap["lanes"])
         self.lane_ids, self.lane_start = lanes["ids"], lanes["start"]
         self.lane_steps = np.array(lanes["steps"], np.int64)
@@ -646,89 +420,13 @@ def runner_for(plan: TrialPlan, *, config_batch: int | None = None) -> TrialRunn
     return kind(plan, config_batch=config_batch)
 
 
-COMPILE_THREAD = "compile-evaluate"  # the name of :func:`_compile_soon`'s threads (the tests wait for them)
-
-
-def _compile_soon(jitted: Any, *args: Any) -> threading.Thread:
-    """Compiles ``jitted`` for the shapes of ``args`` (:func:`_compile_once_per_node`) on a thread
-    of its own (XLA's compiler releases the GIL), so a trial's final evaluation compiles while its
-    chunks run; the call at the end finds it in JAX's cache."""
-    thread = threading.Thread(target=_compile_once_per_node, args=(jitted, *args), name=COMPILE_THREAD,
-                              daemon=True)
-    thread.start()
-    return thread
-
-
-LOCK_WAIT_S = 900.0  # a compile holding its program's lock longer than this is not waited for
-
-
-def _compile_once_per_node(jitted: Any, *args: Any) -> None:
-    """Compiles ``jitted`` for the shapes of ``args`` (the call then finds it in JAX's caches),
-    one process of the node at a time per program where a persistent compilation cache is set:
-    trials that start together with the same kernel (every trial of a static shape) compile it
-    once, and the others wait for it and read it from the cache (two 2x2 CartPole trials of 20k
-    steps on 2 cores: 54 s and 101 CPU-s when both compiled, 33 s and 58 CPU-s with this). A
-    failure here is only lost time: the call compiles and raises as before."""
-    import jax
-
-    try:
-        lowered = jitted.lower(*jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args))
-        with _program_lock(lowered.as_text()):
-            lowered.compile()  # the cache's copy when another process compiled it meanwhile
-    except Exception:
-        pass
-
-
-@contextmanager
-def _program_lock(program: str) -> Iterator[None]:
-    """Holds the node's lock on ``program``: a file beside JAX's persistent cache named by the
-    program's hash (a process that dies holding it releases it), waited for at most LOCK_WAIT_S.
-    Without a local persistent cache there is nothing to share, so no lock."""
-    import fcntl
-
-    import jax
-
-    cache = jax.config.jax_compilation_cache_dir
-    if not cache or "://" in cache:
-        yield
-        return
-    folder = os.path.join(os.path.dirname(os.path.abspath(cache)), "compile-locks")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, hashlib.sha256(program.encode()).hexdigest()[:40]), "a") as lock:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-        yield
-
-
-def _check_objective(plan: TrialPlan) -> None:
-    if plan.objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {plan.objective!r}; choose from {', '.join(OBJECTIVES)}")
-    if plan.objective != "final" and plan.curve_episodes < 1:
-        raise ValueError(f"objective {plan.objective!r} needs an evaluation after every chunk "
-                         "(curve_episodes >= 1)")
-    if plan.objective == "steps" and plan.threshold is None:
-        raise ValueError("objective 'steps' needs a threshold")
-
-
 def _report_record(r: ChunkReport) -> dict[str, Any]:
     """A chunk's report as a snapshot holds it (msgpack: PBT's decisions as a JSON string)."""
-    import dataclasses
-    import json
-
     return {**{f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "pbt"},
             "pbt": json.dumps(r.pbt) if r.pbt else ""}
 
 
 def _report_from_record(record: dict[str, Any]) -> ChunkReport:
-    import json
-
     c = dict(record)
     c["pbt"] = json.loads(c["pbt"]) if c["pbt"] else None
     return ChunkReport(**{k: (v if isinstance(v, np.ndarray) or not hasattr(v, "item") else v.item())
@@ -755,8 +453,6 @@ SNAPSHOT_FORMAT = "rl-harness trial snapshot 2"  # 2: lanes
 
 def _key_data(tree: Any) -> Any:
     """``tree`` with every typed PRNG key array replaced by its raw ``uint32`` data."""
-    import jax
-
     def raw(x: Any) -> Any:
         return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
 
@@ -765,8 +461,6 @@ def _key_data(tree: Any) -> Any:
 
 def _rekey(data: Any, like: Any) -> Any:
     """``data`` as a typed key array when ``like`` (the live leaf it replaces) is one."""
-    import jax
-
     if jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
         return jax.random.wrap_key_data(np.asarray(data), impl=jax.random.key_impl(like))
     return data
@@ -774,8 +468,6 @@ def _rekey(data: Any, like: Any) -> Any:
 
 def _fill(template: Any, leaves: dict[str, Any]) -> Any:
     """``template``'s structure with the snapshot's leaves, each checked against its shape and dtype."""
-    import jax
-
     flat, treedef = jax.tree.flatten(template)
     if len(leaves) != len(flat):
         raise ValueError(f"the snapshot holds {len(leaves)} arrays where this trial has {len(flat)}")
@@ -791,8 +483,6 @@ def _fill(template: Any, leaves: dict[str, Any]) -> Any:
 
 def _first(tree: Any, n: int) -> Any:
     """The first ``n`` configurations of every leaf (a sub-batch without its padding)."""
-    import jax
-
     return jax.tree.map(lambda x: np.asarray(x)[:n], tree)
 
 

@@ -5,7 +5,7 @@ configuration when it stops.
 Two sides, one round trip per chunk per trial:
 
 - :class:`LaneBroker` owns the lanes' Optuna trials (in the driver's process or, under Ray, an
-  actor on the driver's node: ``harness.search_phase``). Each lane's configuration is an Optuna
+  actor on the driver's node: ``harness.phases.search_phase``). Each lane's configuration is an Optuna
   trial, told its objective so far after each of its chunks as intermediate values (up to 50,
   evenly spaced, as a trial-level configuration's curve is); at each rung (``min_steps * eta**r``
   env steps per seed) Optuna's ``SuccessiveHalvingPruner`` decides, against every configuration of the study
@@ -16,54 +16,35 @@ Two sides, one round trip per chunk per trial:
   finished or diverged configuration is told to Optuna, and its lane gets a new proposal with
   the trial's static values: TPE's, but about one in ``EXPLORE`` at random (as BOHB does: those
   whose Optuna number is a multiple of ``EXPLORE``, so a resumed study asks the same way).
-- :class:`LaneTrial` is the trial's side (inside its worker): after each chunk it asks the broker,
-  records the configurations that ended (with their own curves) and refills their lanes on the
-  device (``harness.kernel.LaneRunner.refill``).
+- :class:`~harness.lanes.trial.LaneTrial` is the trial's side (inside its worker): after each chunk
+  it asks the broker, records the configurations that ended (with their own curves) and refills
+  their lanes on the device (``harness.kernel.runners.LaneRunner.refill``).
 
 Why the successive-halving pruner: it is asynchronous successive halving itself (a configuration
 is promoted at a rung when it is in the top 1/eta of those that reached it), it needs no
 brackets (Hyperband runs several successive-halving brackets with different first rungs, which a
 fixed-width kernel would fill with the same lanes), and Optuna's Wilcoxon pruner compares
 configurations instance by instance as they are evaluated one after another, where here every
-seed of a lane trains at once.
+seed of a lane trains at once. The pruner's rung bookkeeping and the trials created outside the
+study's queue are Optuna's private names: :mod:`harness.search.optuna_private`.
 """
 
 from __future__ import annotations
 
-import json
-import time
+import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
+import optuna
 
-ETA = 3  # successive halving's reduction factor: rungs at 1/9, 1/3 and the whole budget
+from harness.kernel.stats import config_score
+from harness.lanes.trial import ETA
+from harness.search import optuna_private as private
+from harness.search.searcher import CONFIG_ATTR, TRIAL_ATTR, open_study, suggest
+
 EXPLORE = 3  # with TPE, refills whose Optuna number is a multiple of EXPLORE are proposed at random
-ROUNDS = 3  # lane trials: at most one per ROUNDS of the budget's trials (Settings.with_rounds)
 ANSWERS_KEPT = 4096  # the broker's latest answers kept in memory (a replayed chunk's; older ones: from storage)
 VERDICT_ATTR = "verdict"  # a lane's Optuna trial: its latest judgement {"at": env steps, "prune", "attrs"}
-
-
-def rungs(min_steps: int, budget_steps: int, eta: int = ETA) -> list[int]:
-    """The env steps per seed where a configuration is judged: ``min_steps * eta**r`` below the budget."""
-    out, step = [], max(1, min_steps)
-    while step * eta <= budget_steps:  # the last rung is the budget itself: no judgement there
-        out.append(step)
-        step *= eta
-    return out
-
-
-@dataclass
-class Lane:
-    """The configuration a lane trains now: its Optuna trial and where it started."""
-
-    number: int  # its Optuna trial number (its keys derive from it)
-    params: dict[str, Any]  # the searched values
-    hparams: dict[str, float]  # the traced hyperparameters the kernel gets
-    start: int  # the trial's chunk (0-based) where it started
-    index: int  # its index in the trial's record: configurations in the order they started
-    judged: int = 0  # rungs it has passed
 
 
 class LaneBroker:
@@ -77,10 +58,6 @@ class LaneBroker:
     def __init__(self, study: Any, storage: str, *, static_names: list[str],
                  hparams: Callable[[dict[str, Any]], dict[str, float]], min_steps: int, eta: int = ETA,
                  sampler: str = "tpe", name: str | None = None) -> None:
-        import optuna
-
-        from harness.search import open_study
-
         self.study, self.static_names, self.hparams = study, static_names, hparams
         self.min_steps, self.eta = min_steps, eta
         self.pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, min_steps), reduction_factor=eta,
@@ -104,12 +81,8 @@ class LaneBroker:
         return True
 
     def _trial(self, number: int) -> Any:
-        import optuna
-
         if number not in self._trials:
-            study = self.ostudy
-            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
-            self._trials[number] = optuna.trial.Trial(study, trial_id)
+            self._trials[number] = private.trial_by_number(self.ostudy, number)
         return self._trials[number]
 
     def step(self, trial: int, chunk: int, static: dict[str, Any], lanes: list[dict[str, Any]],
@@ -127,9 +100,6 @@ class LaneBroker:
 
     def _step(self, trial: int, chunk: int, static: dict[str, Any], lanes: list[dict[str, Any]],
               refill: bool) -> dict[str, Any]:
-
-        from harness.stats import config_score
-
         ended: dict[int, dict[str, Any]] = {}
         metric = self.study.metric
         judged: list[tuple[float, Any, dict[str, Any]]] = []  # lanes at a rung: (value, Optuna trial, report)
@@ -143,7 +113,7 @@ class LaneBroker:
                     ended[r["lane"]] = {"status": told["status"], "why": told["why"]}
                 continue
             if r.get("now") is not None and (now := config_score(r["now"], None, metric)) is not None \
-                    and r["steps"] not in t._cached_frozen_trial.intermediate_values:  # (once: a replayed chunk)
+                    and r["steps"] not in private.cached(t).intermediate_values:  # (once: a replayed chunk)
                 t.report(now, step=int(r["steps"]))  # its curve between rungs (a rung's value is reported
                 # where it is judged)
             if r["diverged"]:
@@ -165,8 +135,6 @@ class LaneBroker:
                      going: list[tuple[Any, dict[str, Any]]]) -> None:
         """The lanes of one chunk at a rung (``judged``: value, Optuna trial, report): each stopped
         (into ``ended``) or going on (into ``going``)."""
-        from optuna.pruners._successive_halving import _get_current_rung  # the pruner's own rung count
-
         # Lanes that reached a rung after the same chunk are judged together: Optuna's pruner compares
         # a configuration with those that reached the rung before it, so judged one after another a
         # lane went on for beating the lanes before it (in lane order, about 2 of a study's first 4,
@@ -181,14 +149,15 @@ class LaneBroker:
         top: dict[int, int] = {}  # Optuna number -> the last rung its env steps have passed
         verdicts: dict[int, dict[str, Any]] = {}  # Optuna number -> a verdict a broker before this one wrote
         for value, t, r in judged:
-            frozen = t._get_latest_trial()
+            frozen = private.latest(t)
             verdict = frozen.user_attrs.get(VERDICT_ATTR)
             if verdict is not None and verdict["at"] >= r["steps"]:  # judged here (or later) before a kill
                 verdicts[t.number] = verdict if verdict["at"] == r["steps"] else {"prune": False, "attrs": {}}
                 continue
             if r["steps"] not in frozen.intermediate_values:
                 t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
-            values[t.number], at[t.number] = value, _get_current_rung(t._get_latest_trial())
+            # its rung as the pruner counts them
+            values[t.number], at[t.number] = value, private.current_rung(private.latest(t))
             top[t.number] = r["rung"]  # its report's rung: the last its steps passed (none past the budget)
         # the study's trials read once for the batch (from SQLite ~40 ms a read, per lane judged before),
         # with the rung values of the batch's lanes judged so far (rung_attrs) and the rest of the batch
@@ -213,7 +182,7 @@ class LaneBroker:
                 verdict = new[t.number]
                 t.set_user_attr(VERDICT_ATTR, verdict)
             for key, value in verdict["attrs"].items():  # the pruner's rung values, written after its verdict
-                self.ostudy._storage.set_trial_system_attr(t._trial_id, key, value)
+                private.set_system_attr(self.ostudy, t, key, value)
             if verdict["prune"]:  # at the last rung Optuna wrote a value for (at those before it, promoted)
                 where = max((int(k.rpartition("_")[2]) for k in verdict["attrs"]), default=r["rung"])
                 why = f"stopped at rung {where + 1} ({r['steps']} env steps)"
@@ -228,8 +197,6 @@ class LaneBroker:
     def _refills(self, trial: int, chunk: int, static: dict[str, Any],
                  lanes: list[int]) -> dict[int, dict[str, Any]]:
         """New configurations with the trial's ``static`` values for ``lanes`` (ended after ``chunk``)."""
-        from harness.search import CONFIG_ATTR, TRIAL_ATTR, suggest
-
         new: dict[int, dict[str, Any]] = {}
         step_trials: list[Any] = []  # this step's new Optuna trials, as the samplers see them
         snapshot: list[Any] = []  # the study's trials, read at the step's first proposal
@@ -261,13 +228,8 @@ class LaneBroker:
         Its sampler sees the study through :class:`_StepView`: ``snapshot`` (read here at the
         step's first proposal, and again if another process added trials since) and the step's
         trials before it (``step_trials``, to which it is added)."""
-        import optuna
-
         study = self.ostudy
-        trial_id = study._storage.create_new_trial(study._study_id)
-        study._storage.set_trial_system_attr(trial_id, "fixed_params", static)
-        study._thread_local.cached_all_trials = None  # Optuna's per-ask cache, as study.ask resets it
-        number = study._storage.get_trial_number_from_id(trial_id)
+        trial_id, number = private.create_trial(study, static)
         if not snapshot or number != 1 + max(t.number for t in snapshot + step_trials):  # the first, or a
             snapshot[:] = study.get_trials(deepcopy=False)  # trial of the driver's came between: read again
         if self.explore is not None and number % EXPLORE == 0:
@@ -279,8 +241,6 @@ class LaneBroker:
     def _stop(self, t: Any, r: dict[str, Any], status: str, why: str,
               value: float | None = None) -> dict[str, str]:
         """Tells Optuna that the lane's configuration ended (and where and why, in its user attrs)."""
-        import optuna
-
         t.set_user_attr("stopped", {"status": status, "why": why, "at": int(r["steps"])})
         self._running.discard(t.number)
         self._trials.pop(t.number, None)  # (a replay that asks again reads it from the storage)
@@ -294,11 +254,9 @@ class LaneBroker:
     def _told(self, t: Any) -> dict[str, Any] | None:
         """How a broker before this one ended the configuration (status, why, at which env steps),
         or None while it runs."""
-        import optuna
-
         if t.number in self._running:  # seen running by this broker, which alone ends it
             return None
-        frozen = self.ostudy._storage.get_trial(t._trial_id)
+        frozen = private.stored(self.ostudy, t)
         if frozen.state == optuna.trial.TrialState.RUNNING:
             self._running.add(t.number)
             return None
@@ -306,8 +264,6 @@ class LaneBroker:
 
     def _asked_before(self, trial: int, chunk: int, lane: int) -> int | None:
         """The refill a broker before this one asked for this (trial, chunk, lane), if any."""
-        from harness.search import TRIAL_ATTR
-
         if self._asked is None:  # once per broker: the refills its study holds
             self._asked = {}
             for t in self.ostudy.get_trials(deepcopy=False):
@@ -327,9 +283,7 @@ def _judge(pruner: Any, ostudy: Any, t: Any, step: int, rung: int, batch: dict[i
     its tell (judged again after a kill, the trial's own rung value would count it a rung further
     and promote it). ``trials``: the study's, read once per batch; ``rung_attrs``: the rung values
     the batch's lanes hold so far (by Optuna number); the pruner reads nothing else."""
-    import copy
-
-    frozen = copy.copy(t._get_latest_trial())
+    frozen = copy.copy(private.latest(t))
     frozen.intermediate_values = {step: batch[t.number]}  # its value now, as reported at its env steps
     frozen.system_attrs = {**frozen.system_attrs, **rung_attrs.get(t.number, {})}
     view = _WithBatch(ostudy, trials, rung_attrs, t.number, rung, batch)
@@ -358,16 +312,13 @@ class _WithBatch:
 
     def __init__(self, study: Any, trials: list[Any], rung_attrs: dict[int, dict[str, Any]], judged: int,
                  rung: int, batch: dict[int, float]) -> None:
-        from optuna.pruners._successive_halving import _completed_rung_key  # the attribute the pruner reads
         self._trials, self._rung_attrs, self._judged, self._batch = trials, rung_attrs, judged, batch
-        self._key = _completed_rung_key(rung)
+        self._key = private.completed_rung_key(rung)  # the attribute the pruner reads
         self.direction = study.direction
         self.written: dict[str, float] = {}
-        self._storage = _Held(study._storage, self.written)
+        self._storage = _Held(private.storage(study), self.written)  # what the pruner writes through
 
     def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
-        import copy
-
         out = []
         for t in self._trials:
             if states is not None and t.state not in states:
@@ -400,10 +351,9 @@ class _StepView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    # Optuna's samplers read a study through this private method (optuna_private.RELIED_ON)
     def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[Any]:
-        import copy
-
-        fresh = {t.number: t._cached_frozen_trial for t in self._step_trials}
+        fresh = {t.number: private.cached(t) for t in self._step_trials}
         trials = sorted([t for t in self._snapshot if t.number not in fresh] + list(fresh.values()),
                         key=lambda t: t.number)  # in the storage's order
         trials = [t for t in as_judged(trials) if states is None or t.state in states]
@@ -420,10 +370,6 @@ def as_judged(trials: list[Any]) -> list[Any]:
     lane trials run hundreds at once). TPE ranks a pruned trial by its last intermediate value, so
     each lane that is running or ended short of its budget shows its curve up to its last judgement
     (none before its first): what the judgements saw, not the chunks reported for the curves."""
-    import copy
-
-    import optuna
-
     out = []
     for t in trials:
         running = t.state == optuna.trial.TrialState.RUNNING
@@ -437,205 +383,3 @@ def as_judged(trials: list[Any]) -> list[Any]:
     return out
 
 
-@dataclass
-class LaneTrial:
-    """A trial's lanes, on the trial's side: which configuration each lane trains, the ones that
-    ended (their records), and the round trip to the broker after each chunk.
-
-    ``call(trial, chunk, static, reports, refill)`` reaches :meth:`LaneBroker.step` (directly, or
-    through a Ray actor)."""
-
-    trial: int
-    static: dict[str, Any]
-    rungs: list[int]
-    lanes: list[Lane]
-    ended: list[dict[str, Any]] = field(default_factory=list)
-    started: int = 0  # configurations started in this trial so far
-    broker_s: float = 0.0  # seconds waiting for the broker's answers (the round trip after each chunk)
-    lanes_s: float = 0.0  # seconds judging and refilling lanes here (reports, records, refills' dispatch)
-    _evaluated: dict[int, tuple[list, list]] = field(default_factory=dict)  # this chunk's finished lanes
-
-    @classmethod
-    def start(cls, plan: Any, budget_steps: int) -> LaneTrial:
-        """The lanes of ``plan`` (its ``lanes`` entry: ``static``, the static values as Optuna
-        holds them; ``params``, each configuration's searched values; ``min_steps`` and ``eta``)."""
-        spec = plan.lanes
-        # the rungs of the study's budget (as its Optuna pruner and the study's first lines count them),
-        # not of the chunks' rounding of it: 10M steps in chunks of 81,920 end at 9,994,240, under the
-        # third rung's 9,999,999, which dropped the rung at 1/3
-        budget = max(budget_steps, int(spec.get("budget", 0)))
-        steps = rungs(int(spec["min_steps"]), budget, int(spec.get("eta", ETA)))
-        first = zip(plan.config_keys, spec["params"], plan.hparams, strict=True)
-        lanes = [Lane(n, p, h, 0, i) for i, (n, p, h) in enumerate(first)]
-        return cls(plan.trial, spec["static"], steps, lanes, started=len(lanes))
-
-    def after_chunk(self, runner: Any, call: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-        """Judges the lanes after the chunk the runner just ran, records those that ended and
-        refills them (while the trial has chunks left for a new configuration to reach its first
-        rung). Returns the broker's answer."""
-        last = runner.done
-        chunk = len(runner.curves)
-        # chunks a new configuration needs to reach its first judgement
-        first_rung_chunks, judged_at = 1, self.rungs[0] if self.rungs else runner.budget_steps
-        while runner.config.env_steps_after(first_rung_chunks) < judged_at:
-            first_rung_chunks += 1
-        refill = runner.total_chunks - chunk >= first_rung_chunks
-        t0 = time.perf_counter()
-        reports = self.reports(runner, last)
-        t1 = time.perf_counter()
-        answer = call(self.trial, chunk, self.static, reports, refill)
-        t2 = time.perf_counter()
-        ended = {int(k): v for k, v in answer["ended"].items()}
-        for lane, why in sorted(ended.items()):
-            self.ended.append(self._record(runner, lane, why))
-        new = {int(k): v for k, v in answer["new"].items()}
-        if new:
-            lanes = sorted(new)
-            runner.refill(lanes, [new[c]["hparams"] for c in lanes], [new[c]["number"] for c in lanes])
-            for c in lanes:
-                self.lanes[c] = Lane(new[c]["number"], new[c]["params"], new[c]["hparams"], chunk, self.started)
-                self.started += 1
-        for c in ended:
-            if c not in new:
-                self.lanes[c] = None  # type: ignore[call-overload]  # idle until the trial ends
-        self.broker_s += t2 - t1
-        self.lanes_s += (t1 - t0) + (time.perf_counter() - t2)
-        return answer
-
-    def reports(self, runner: Any, last: bool) -> list[dict[str, Any]]:
-        """Each running lane's state after the chunk just run, for :meth:`LaneBroker.step`."""
-        from harness.stats import reported_chunks
-
-        r = runner.curves[-1]
-        reported = reported_chunks(runner.config.num_chunks)  # of a configuration's own chunks
-        finished = [c for c, lane in enumerate(self.lanes) if lane is not None
-                    and runner.lane_chunks(c) >= runner.config.num_chunks and not r.diverged[c].any()]
-        self._evaluated = {}
-        if finished:
-            s, f, _ = runner.lane_results(finished)
-            self._evaluated = {c: (_floats(s[j]), _floats(f[j])) for j, c in enumerate(finished)}
-        out = []
-        for c, lane in enumerate(self.lanes):
-            if lane is None:
-                continue
-            steps = int(r.lane_steps[c])
-            rung = None  # the last rung this chunk took it past (a long chunk can pass two: Optuna's
-            # pruner judges it at each in one call, and its next judgement is after the last)
-            while lane.judged < len(self.rungs) and steps >= self.rungs[lane.judged]:
-                rung = lane.judged
-                lane.judged += 1
-            values = reach = None
-            if rung is not None:
-                values = _floats(runner.lane_objective([c])[0])
-                # promoted here, would it reach its next judgement (a rung, or its whole budget) in time?
-                target = self.rungs[lane.judged] if lane.judged < len(self.rungs) else runner.budget_steps
-                left = runner.total_chunks - len(runner.curves)
-                reach = runner.config.env_steps_after(runner.lane_chunks(c) + left) >= target
-            diverged = bool(r.diverged[c].any())
-            now = None  # its objective so far, on the chunks Optuna is told (at a rung: its `values`)
-            if not diverged and rung is None and runner.lane_chunks(c) in reported:
-                now = _floats(runner.lane_objective([c])[0])
-            out.append({"lane": c, "number": lane.number, "steps": steps, "rung": rung, "values": values,
-                        "now": now, "diverged": diverged, "finished": c in finished, "last": last,
-                        "reach": reach, "scores": self._evaluated[c][0] if c in self._evaluated else None})
-        return out
-
-    def _record(self, runner: Any, lane: int, ended: dict[str, Any]) -> dict[str, Any]:
-        """An ended configuration as the trial's record holds it: its values, why and when it
-        stopped, its scores (complete ones) and its own learning curve."""
-        conf = self.lanes[lane]
-        curve = runner.curves[conf.start:]
-        scores = final = None
-        diverged = [bool(d) for d in curve[-1].diverged[lane]]
-        if ended["status"] == "complete":
-            scores, final = self._evaluated[lane]
-        last_value = None
-        if ended["status"] == "pruned":
-            from harness.stats import config_score
-
-            last_value = config_score(_floats(runner.lane_objective([lane])[0]))
-        return {"index": conf.index, "lane": lane, "optuna_number": conf.number, "params": conf.params,
-                "hparams": conf.hparams,
-                "status": ended["status"], "stopped": ended["why"], "pruned": ended["status"] == "pruned",
-                "started_chunk": conf.start, "env_steps": int(curve[-1].lane_steps[lane]),
-                "scores": scores, "final_returns": final, "diverged": diverged, "last_value": last_value,
-                "curve": [{"env_steps": int(r.lane_steps[lane]), "returns": _floats(r.returns[lane]),
-                           "evals": _floats(r.evals[lane])} for r in curve]}
-
-    def records(self) -> list[dict[str, Any]]:
-        """Every configuration that ended, in the order they started."""
-        return sorted(self.ended, key=lambda rec: rec["index"])
-
-    def state(self) -> str:
-        """This object as JSON, saved with the trial's kernel checkpoint."""
-        return json.dumps({"trial": self.trial, "static": self.static, "rungs": self.rungs,
-                           "lanes": [asdict(lane) if lane else None for lane in self.lanes], "ended": self.ended,
-                           "started": self.started, "broker_s": self.broker_s, "lanes_s": self.lanes_s})
-
-    @classmethod
-    def from_state(cls, text: str) -> LaneTrial:
-        d = json.loads(text)
-        return cls(d["trial"], d["static"], d["rungs"], [Lane(**x) if x else None for x in d["lanes"]],  # type: ignore[misc]
-                   d["ended"], d["started"], d.get("broker_s", 0.0), d.get("lanes_s", 0.0))
-
-
-def _floats(row: Any) -> list[float | None]:
-    return [None if not np.isfinite(float(x)) else float(x) for x in np.asarray(row, float)]
-
-
-_LOCAL: dict[str, LaneBroker] = {}  # brokers living in this process (a study run without Ray actors, tests)
-
-
-def serve_locally(name: str, broker: LaneBroker | None) -> None:
-    """Makes ``broker`` the one :func:`broker_call` finds by ``name`` in this process (None: no more)."""
-    if broker is None:
-        _LOCAL.pop(name, None)
-    else:
-        _LOCAL[name] = broker
-
-
-def broker_call(name: str) -> Callable[..., dict[str, Any]]:
-    """:meth:`LaneBroker.step` of the broker named ``name``: in this process, else the Ray actor
-    of that name (one round trip per call)."""
-    if name in _LOCAL:
-        return _LOCAL[name].step
-    import ray
-
-    actor = ray.get_actor(name)
-    return lambda *args: ray.get(actor.step.remote(*args))
-
-
-def replay(plan: Any, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Trains a lane trial again from its record: ``plan`` (its first lanes) and the recorded
-    ``configs`` (each with its lane, the chunk it started at, its Optuna number and values), each
-    refilled where it started. Returns, per recorded configuration in order, what the trial
-    recorded of it: ``optuna_number``, ``env_steps``, ``curve`` (evaluations and returns after each
-    of its chunks), and for those that trained to the end ``scores`` and ``final_returns``.
-    With the same XLA threads it is bit for bit the trial's (harness.kernel's keys are the
-    configurations' own, whichever lane or process trains them)."""
-    from harness.kernel import LaneRunner
-
-    runner = LaneRunner(plan)
-    starts: dict[int, list[dict[str, Any]]] = {}
-    ends: dict[int, list[dict[str, Any]]] = {}
-    for c in configs:
-        if c["started_chunk"] > 0:
-            starts.setdefault(c["started_chunk"], []).append(c)
-        ends.setdefault(c["started_chunk"] + len(c["curve"]), []).append(c)
-    out: dict[int, dict[str, Any]] = {}
-    while not runner.done:
-        if new := sorted(starts.get(len(runner.curves), []), key=lambda c: c["lane"]):
-            runner.refill([c["lane"] for c in new], [c["hparams"] for c in new], [c["optuna_number"] for c in new])
-        runner.chunk()
-        for c in ends.get(len(runner.curves), []):
-            lane = c["lane"]
-            curve = runner.curves[c["started_chunk"]:]
-            row: dict[str, Any] = {
-                "optuna_number": c["optuna_number"], "env_steps": int(curve[-1].lane_steps[lane]),
-                "curve": [{"env_steps": int(r.lane_steps[lane]), "returns": _floats(r.returns[lane]),
-                           "evals": _floats(r.evals[lane])} for r in curve]}
-            if c["status"] == "complete":
-                s, f, _ = runner.lane_results([lane])
-                row.update(scores=_floats(s[0]), final_returns=_floats(f[0]))
-            out[c["optuna_number"]] = row
-    return [out[c["optuna_number"]] for c in configs]

@@ -26,12 +26,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness import final_phase, progress
-from harness.cluster import Placement
-from harness.folder import ResultsFolder
-from harness.guard import DiskGuard
-from harness.settings import Settings
-from harness.stats import config_score
+from harness.cluster.placement import Placement
+from harness.driver import progress
+from harness.driver.guard import DiskGuard
+from harness.driver.settings import Settings
+from harness.kernel.stats import config_score
+from harness.phases import final_phase
+from harness.report import reevaluated_best
+from harness.store.folder import ResultsFolder
 
 Scores = list[float | None] | None  # a candidate's objective value per seed (None: diverged); None: failed
 Measure = Callable[[dict[str, dict[str, Any]]], dict[str, Scores]]  # candidate points -> their scores
@@ -107,8 +109,6 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         say: Callable[[str], None] = progress.say) -> dict[str, Any] | None:
     """Computes the path for the study's best re-trained configuration and writes ablation.json;
     returns it (None: turned off, nothing to ablate, or ablation.json is already up to date)."""
-    from harness.report import reevaluated_best
-
     final = folder.final()
     if not settings.ablation or not final or not final.get("configs") or not final.get("control"):
         return None
@@ -174,33 +174,3 @@ def _seeds(c: dict[str, Any]) -> Scores:
     return [None if d else s for s, d in zip(c["scores"], c["diverged"], strict=True)]
 
 
-COLUMNS = ["step", "param", "value", "mean", "ci_low", "ci_high", "gain", "gain_ci_low", "gain_ci_high",
-           "seeds", "candidates"]
-
-
-def table(ablation: dict[str, Any]) -> Any:
-    """reports/ablation.csv: one row per step of the path, its score over the seeds with a 95%
-    bootstrap CI, and its gain over the step before (paired by seed, in the direction the study
-    optimises: positive is better) with the paired 95% CI."""
-    import numpy as np
-    import pandas as pd
-
-    from harness.space import label
-    from harness.stats import bootstrap_ci, paired_difference
-
-    sign = 1.0 if ablation.get("maximize", True) else -1.0
-    rows, prev = [], None
-    for s in ablation.get("steps", []):
-        vals = np.array([np.nan if v is None else v for v in s["scores"] or []], float)
-        finite = vals[np.isfinite(vals)]
-        lo, hi = bootstrap_ci(finite)
-        n = min(len(vals), 0 if prev is None else len(prev))  # inner points run the ends' first seeds
-        gain = (np.nan, np.nan, np.nan) if not n else paired_difference(sign * vals[:n], sign * prev[:n])
-        value = s["value"]
-        rows.append(dict(step=s["step"], param=s["param"] or "(default)",
-                         value="" if s["param"] is None else f"{value:.4g}" if isinstance(value, float)
-                         else label(tuple(value) if isinstance(value, list) else value),
-                         mean=finite.mean() if len(finite) else np.nan, ci_low=lo, ci_high=hi, gain=gain[0],
-                         gain_ci_low=gain[1], gain_ci_high=gain[2], seeds=len(vals), candidates=len(s["tried"])))
-        prev = vals if len(vals) else prev
-    return pd.DataFrame(rows, columns=COLUMNS)

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness import lineage, progress
-from harness.cluster import Placement
-from harness.folder import ResultsFolder
-from harness.guard import DiskGuard
-from harness.kernel import FINAL, TrialPlan
-from harness.records import config_id, write_json
-from harness.settings import Settings
+from harness import report
+from harness.cluster.placement import Placement, final_width
+from harness.driver import progress
+from harness.driver.guard import DiskGuard
+from harness.driver.settings import Settings
+from harness.kernel.plan import FINAL, TrialPlan
+from harness.reports import lineage
 from harness.space import Budget, label
+from harness.store.folder import ResultsFolder
+from harness.store.records import config_id, write_json
 
 CONTROL = "default"  # the control's id in final.json and the reports
 NEW_SHAPE_COMPILE_S = 30.0  # a kernel shape the search never compiled, on a CPU: init, chunk and evaluation
@@ -53,8 +55,6 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
 
     ``run_plans`` runs the kernels (default: a grid of Tune trials, :func:`tune_plans`).
     """
-    from harness import report
-
     budget = settings.budget(placement.kind)
     if settings.study.top_k < 1:
         return None
@@ -136,9 +136,7 @@ def final_plans(settings: Settings, budget: Budget, candidates: dict[str, Candid
     """The re-training kernels and the candidates each holds (in order; a short batch padded with
     its first). Candidates sharing a static config share kernels, ``rounds`` rounds of S fresh
     seeds each; as wide as the search (its kernels are compiled) or as narrow as the group,
-    whichever costs less (:func:`harness.placement.final_width`, from the search's own timings)."""
-    from harness.placement import final_width
-
+    whichever costs less (:func:`harness.cluster.placement.final_width`, from the search's own timings)."""
     groups: dict[str, list[str]] = {}
     for cid, c in candidates.items():
         groups.setdefault(json.dumps(c.static, sort_keys=True), []).append(cid)
@@ -171,9 +169,9 @@ def tune_plans(settings: Settings, folder: ResultsFolder, placement: Placement, 
                plans: list[TrialPlan]) -> list[dict[str, Any] | None]:
     """Runs each plan as a Tune trial; the last result of each (None where it failed), with the
     folder of its final checkpoint (the trained policies)."""
-    from ray import tune
+    from ray import tune  # Ray: once the study's session has started it, never at import
 
-    from harness import tuning
+    from harness.cluster import tuning
 
     grid = tuning.run(settings, folder, placement, guard, kind="final",
                       param_space={"plan": tune.grid_search([dataclasses.asdict(p) for p in plans]),
@@ -205,7 +203,7 @@ def tune_streamed(settings: Settings, folder: ResultsFolder, placement: Placemen
     """
     import threading
 
-    from harness import tuning
+    from harness.cluster import tuning  # Ray Tune: never at import
 
     feed = tuning.PlanFeed(lambda plan: {"plan": dataclasses.asdict(plan), **_trial_context(settings, placement)})
     out: dict[str, Any] = {}

@@ -16,13 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.cluster import Placement
-from harness.folder import InFlight, ResultsFolder, Unreadable
-from harness.guard import DiskGuard
-from harness.progress import Progress
-from harness.progress import say as progress_say
-from harness.settings import Settings
+from harness import report
+from harness.cluster.placement import Placement
+from harness.driver.guard import DiskGuard
+from harness.driver.progress import Progress
+from harness.driver.progress import say as progress_say
+from harness.driver.settings import Settings
 from harness.space import Budget, StudyError
+from harness.store.folder import InFlight, ResultsFolder, Unreadable
 
 REPORT_EVERY = 10.0  # seconds between rebuilds of the CSV reports while trials finish
 
@@ -42,14 +43,15 @@ class SearchOutcome:
 def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
         say: Callable[[str], None] = progress_say, timeplan: Any = None) -> SearchOutcome:
     """Runs the study's missing trials (all of them for a new study); with ``timeplan``
-    (:class:`harness.timeplan.TimePlan`), new trials until its search share is spent instead.
+    (:class:`harness.driver.timeplan.TimePlan`), new trials until its search share is spent instead.
 
     Raises:
         StudyError: the Optuna storage cannot be opened, or the results disk refused a write.
     """
-    from harness import tuning
-    from harness.search import BatchedOptunaSearcher, open_study, reconcile
-    from harness.storage import storage_error
+    # Ray and Optuna: imported once the study's session has started Ray, never at import
+    from harness.cluster import tuning
+    from harness.search.searcher import BatchedOptunaSearcher, open_study, reconcile
+    from harness.search.storage import storage_error
 
     budget = settings.budget(placement.kind)
     records = folder.trials()
@@ -118,7 +120,7 @@ def plan_factory(settings: Settings, budget: Budget,
         hparams = [settings.hparams(p) for p in points]
         chunks = None
         if lanes:
-            from harness.kernel import build_config
+            from harness.kernel.compile import build_config  # JAX: not at import
 
             chunks = round(build_config(settings.study.algo, config).num_chunks * settings.lane_rounds(budget))
         return settings.plan(config, hparams, seeds=budget.seeds, trial=trial, pbt=pbt, lanes=lanes, chunks=chunks)
@@ -126,7 +128,7 @@ def plan_factory(settings: Settings, budget: Budget,
 
 
 class BrokerHandle:
-    """The study's :class:`~harness.lanes.LaneBroker` as a Ray actor on this (the driver's) node,
+    """The study's :class:`~harness.lanes.broker.LaneBroker` as a Ray actor on this (the driver's) node,
     where the Optuna storage is: found by the trials under ``name``; :meth:`stop` ends it."""
 
     def __init__(self, settings: Settings, budget: Budget) -> None:
@@ -135,7 +137,8 @@ class BrokerHandle:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from harness.lanes import LaneBroker, serve_locally
+        from harness.lanes.broker import LaneBroker
+        from harness.lanes.trial import serve_locally
 
         # one name per study and storage: a resumed study's adopted trials find the broker under the
         # name their plans hold (the killed driver's broker died with it). Names are scoped to the
@@ -159,7 +162,7 @@ class BrokerHandle:
     def stop(self) -> None:
         import ray
 
-        from harness.lanes import serve_locally
+        from harness.lanes.trial import serve_locally
 
         if self.actor is not None:
             ray.kill(self.actor)
@@ -194,7 +197,7 @@ def going_on(ostudy: Any, adopt: list[InFlight]) -> set[int]:
     hands out again when they replay their chunks."""
     import optuna
 
-    from harness.search import TRIAL_ATTR
+    from harness.search.searcher import TRIAL_ATTR
 
     trials = {e.trial for e in adopt}
     refills = {t.number for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
@@ -226,8 +229,6 @@ class RecordSink:
         self.same_failure: str | None = None
 
     def __call__(self, record: dict[str, Any]) -> None:
-        from harness import report
-
         self.folder.record(record)
         self.progress.recorded(record)
         if record["status"] != "failed":

@@ -77,10 +77,11 @@ def probe(name: str, algo: str | None = None, *, seeds: int = 2, configs: int = 
     import algos
     import envs
     from envs.check import first_line
-    from harness.kernel import TrialPlan, runner_for
+    from harness.kernel.plan import TrialPlan
+    from harness.kernel.runners import runner_for
 
     if name.startswith("brax:"):
-        from harness.render import use_offscreen_gl
+        from harness.reports.render import use_offscreen_gl
 
         use_offscreen_gl()  # before Brax imports MuJoCo, so that draws() can render
     try:
@@ -137,7 +138,7 @@ def draws(env: Any, params: Any) -> str:
     import jax
 
     from envs.check import first_line
-    from harness.render import RENDERERS, RenderError, drawn_from_states, state_frames
+    from harness.reports.render import RENDERERS, RenderError, drawn_from_states, state_frames
 
     from_states = drawn_from_states(env.name)
     if env.name not in RENDERERS and not from_states:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.folder import StudyMeta
+from harness.store.folder import StudyMeta
 
 MIN_CONFIGS = 8  # completed configurations an importance needs (PED-ANOVA's top 10%: at least one)
 EVALUATORS = ("fanova", "ped_anova")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.records import config_id
+from harness.store.records import config_id
 
 
 def events(record: dict[str, Any]) -> list[dict[str, Any]]:

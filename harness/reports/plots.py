@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.folder import ResultsFolder, StudyMeta
+from harness.store.folder import ResultsFolder, StudyMeta
 
 TOP = 5  # configurations drawn in curves.png
 

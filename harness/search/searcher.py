@@ -17,11 +17,12 @@ from typing import Any
 import optuna
 from ray.tune.search import Searcher
 
-from harness.folder import InFlight
-from harness.kernel import TrialPlan
+from harness.kernel.plan import TrialPlan
+from harness.kernel.stats import config_score, config_value, reported_chunks
+from harness.search import optuna_private as private
+from harness.search.storage import storage
 from harness.space import Categorical, Int, LogUniform, Study, Uniform, label
-from harness.stats import config_score, config_value, reported_chunks
-from harness.storage import storage
+from harness.store.folder import InFlight
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -53,7 +54,7 @@ def open_study(study: Study, url: str, *, seed: int | None = None, sampler: str 
     ``beside``: a handle opened before in this process, whose storage (and its cache of trials)
     this one shares, so a trial created through either can be sampled by the other."""
     direction = "maximize" if study.direction == "maximize" else "minimize"
-    store = beside._storage if beside is not None else storage(url)
+    store = private.storage(beside) if beside is not None else storage(url)
     name = name or study.name
     if seed is None:
         try:
@@ -113,7 +114,7 @@ class BatchedOptunaSearcher(Searcher):
         on_complete: called with the trial's record (a dict) when a Tune trial ends, before
             Optuna is told, so a crash in between is repaired from the record on resume.
         is_pruned: tells whether the scheduler stopped a Tune trial early.
-        on_suggest: called with a trial's :class:`~harness.folder.InFlight` entry when it is
+        on_suggest: called with a trial's :class:`~harness.store.folder.InFlight` entry when it is
             proposed, so a driver killed meanwhile can go on with it.
         adopt: in-flight entries of a killed driver, proposed again first (same trial number,
             plan and Optuna trials) with ``resume_from``: their checkpoints, newest first.
@@ -182,7 +183,7 @@ class BatchedOptunaSearcher(Searcher):
     def _adopt(self, trial_id: str, entry: InFlight) -> dict[str, Any]:
         """A killed driver's in-flight trial, proposed again as it was (its Optuna trials still RUNNING)."""
         frozen = {t.number: t for t in self.ostudy.get_trials(deepcopy=False)}
-        trials = [optuna.trial.Trial(self.ostudy, frozen[n]._trial_id) for n in entry.optuna_numbers]
+        trials = [optuna.trial.Trial(self.ostudy, private.trial_id(frozen[n])) for n in entry.optuna_numbers]
         self.reported |= {(n, step) for n in entry.optuna_numbers for step in frozen[n].intermediate_values}
         plan = TrialPlan(**entry.plan)
         self.live[trial_id] = (trials, entry.points, plan)
@@ -303,7 +304,7 @@ class BatchedOptunaSearcher(Searcher):
         configs.sort(key=lambda c: c["index"])
         record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
                   "objective": plan.objective, "threshold": plan.threshold, "pbt": None, "lanes": plan.lanes,
-                  "plan": asdict(plan),  # its first lanes: with the configurations, harness.lanes.replay's input
+                  "plan": asdict(plan),  # its first lanes: with the configurations, lanes.trial.replay's input
                   "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": [],
                   "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
                   **{k: result[k] for k in RECORDED if k in result}}

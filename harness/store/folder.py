@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness.records import RecordsError, read_json, write_json
+from harness.kernel.stats import OBJECTIVES
 from harness.space import DIRECTIONS, METRICS, SCHEDULERS, Budget
-from harness.stats import OBJECTIVES
+from harness.store.records import RecordsError, read_json, write_json
 
 KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint inside a Tune trial's checkpoint folder
 _TRIAL_FIELDS = {"trial": int, "status": str, "seeds": int, "configs": list}
@@ -124,7 +124,7 @@ class Unreadable(NamedTuple):
 
 
 class ResultsFolder:
-    """The results folder of one study (:mod:`harness.folder`'s layout)."""
+    """The results folder of one study (:mod:`harness.store.folder`'s layout)."""
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)

@@ -1,6 +1,6 @@
 """Files written atomically (a crash never leaves half a file), and what a disk error looks like.
 
-The layout of a results folder is :mod:`harness.folder`'s alone.
+The layout of a results folder is :mod:`harness.store.folder`'s alone.
 """
 
 from __future__ import annotations
