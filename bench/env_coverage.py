@@ -9,9 +9,8 @@ its row after ``--timeout`` s, not the sweep) (``harness.reports.coverage.probe`
 one evaluation episode) with PPO, and with SAC too where actions are continuous. One row per env
 and algorithm: trains (with compile seconds and env steps/s of the compiled chunk, all lanes), or
 refused / failed with the one-line reason a user would see; and whether ``harness.play`` can draw
-the env (``harness.reports.coverage.draws``: its reset state, as a GIF's frame). The last lines
-count each library's rows by status. Env steps/s here are for a tiny kernel; bench/env_steps.py
-measures throughput.
+the env (``harness.coverage.draws``: its reset state, as a GIF's frame). The last lines count each library's
+rows by status. Env steps/s here are for a tiny kernel; bench/env_steps.py measures throughput.
 """
 
 from __future__ import annotations
