@@ -216,7 +216,7 @@ _WRITER = """
 import sys, time
 from pathlib import Path
 import optuna
-from harness.storage import storage
+from harness.search.storage import storage
 
 url, name, ready, go = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 ready.touch()
@@ -235,7 +235,7 @@ for i in range(25):
 _KILLED_AFTER_COMMITS = """
 import os, signal, sys
 import optuna
-from harness.storage import storage
+from harness.search.storage import storage
 study = optuna.create_study(study_name="s", storage=storage(sys.argv[1]))
 for i in range(5):
     study.tell(study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), float(i))
