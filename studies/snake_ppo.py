@@ -2,9 +2,9 @@
 
 The network is a static choice, so MLP and transformer configurations run in separate trials.
 The transformer's tokens are 2x2 squares of cells (25 tokens, not 100: attention's cost falls
-with their square); the GPU budget is where the comparison is meant to be made. A return is
-apples eaten, less 1 for a death; tuned vs default is also stated above random play's return
-(-0.89 over 20,000 episodes; tests/test_grid_envs.py checks it).
+with their square); the GPU budget is where the comparison is meant to be made. A return is apples
+eaten, less 1 for a death; tuned vs default is also stated above random play's return
+(``reference``; tests/test_grid_envs.py checks it).
 """
 
 from harness import Budget, Categorical, Study

@@ -73,7 +73,7 @@ def _shared_compile_cache(cache_home):
     processes (measured on the kernel, checkpoint, PBT, lanes and objectives tests: 454 -> 358
     worker-s) and, through JAX_COMPILATION_CACHE_DIR, in the processes tests start (the benchmarks'
     tiny runs, the CLIs: eval_overhead then checkpoint_cost, 46 -> 35 s). One folder: the one a
-    study's trials use (harness.kernel.device.cache_dir under the run's XDG_CACHE_HOME, which every
+    study's trials use (harness.cluster.cache_dir under the run's XDG_CACHE_HOME, which every
     process the tests start gets: never the user's), so a test re-training a trial's plan in a
     process of its own reads the kernels the trial compiled."""
     import jax
@@ -180,7 +180,7 @@ def _fast_compile_unless_slow(request):
 
 
 def _settle_background_compiles() -> None:
-    """Waits for the evaluation compiles trial runners start on a thread (harness.kernel.compile._compile_soon)."""
+    """Waits for the evaluation compiles trial runners start on a thread (harness.kernel._compile_soon)."""
     import threading
 
     from harness.kernel.compile import COMPILE_THREAD

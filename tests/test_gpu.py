@@ -80,7 +80,7 @@ def test_gpu__shape_that_cannot_fit_is_one_line_before_any_trial(tmp_path, ray_e
 
 
 def test_gpu__kernel_out_of_memory_shrinks_its_sub_batch_and_finishes():
-    # the transformer at 8 configs x 8 seeds needs ~12 GiB; the process may take 6% of the GPU
+    # the transformer at 8 configs x 8 seeds needs far more than the 6% of the GPU this process may take
     code = ("from harness.kernel.plan import TrialPlan; from harness.kernel.runners import TrialRunner\n"
             "cfg = dict(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=2, network='transformer', "
             "embed_dim=16, num_heads=2, num_layers=1, updates_per_chunk=1, eval_episodes=2, "

@@ -262,7 +262,7 @@ def test_optuna_storage__commits_through_sqlites_log_survive_a_process_killed_ri
 
 
 def test_optuna_storage__opens_without_ray_or_jax():
-    """Processes that only read or write a study's records (the writers below) start in 0.4 s, not 2.5."""
+    """Processes that only read or write a study's records (the writers below) start fast: no Ray, no JAX."""
     code = "import sys, harness.search.storage; print(sorted({'ray', 'jax'} & set(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
