@@ -24,11 +24,12 @@ import time
 import _common  # noqa: F401  (XLA flag before JAX starts)
 
 import studies
-from harness.folder import KERNEL_FILE
-from harness.kernel import TrialPlan, TrialRunner
-from harness.records import write_bytes
+from harness.cluster.trainable import CHECKPOINT_SECONDS
+from harness.kernel.plan import TrialPlan
+from harness.kernel.runners import TrialRunner
 from harness.space import static_points
-from harness.trainable import CHECKPOINT_SECONDS
+from harness.store.folder import KERNEL_FILE
+from harness.store.records import write_bytes
 
 
 def checkpoint(runner: TrialRunner, folder: str) -> tuple[float, int]:

@@ -4,7 +4,7 @@
                                  [--brax-backend positional] [--draws-only]
 
 Each env goes through what a study does with it, in a process of its own (an env that hangs costs
-its row after ``--timeout`` s, not the sweep) (``harness.coverage.probe``): ``envs.make`` and
+its row after ``--timeout`` s, not the sweep) (``harness.reports.coverage.probe``): ``envs.make`` and
 ``envs.check``, then one trial's kernel (2 configurations x 2 seeds, one chunk of two tiny updates,
 one evaluation episode) with PPO, and with SAC too where actions are continuous. One row per env
 and algorithm: runs (no run diverged, every run's policy moved: not a claim that it learns; with
@@ -31,7 +31,7 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.coverage import LIBRARIES, Row, probe, registry  # noqa: E402
+from harness.reports.coverage import LIBRARIES, Row, probe, registry  # noqa: E402
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -55,7 +55,7 @@ def _probe_apart(name: str, timeout: float) -> list[Row]:
 def _sweep_draws(names: list[str], libraries: list[str]) -> None:
     """Whether ``harness.play`` draws each env: one row each, with the reason where it does not."""
     import envs
-    from harness.coverage import draws
+    from harness.reports.coverage import draws
 
     print("| env | drawn by play | s |")
     print("|---|---|---|", flush=True)
@@ -96,7 +96,7 @@ def main() -> None:
             print(json.dumps(dataclasses.asdict(row)), flush=True)
         return
     if "brax" in args.libraries:  # before Brax (registry) imports MuJoCo, which reads MUJOCO_GL once
-        from harness.render import use_offscreen_gl
+        from harness.reports.render import use_offscreen_gl
 
         use_offscreen_gl()
     names: list[str] = []

@@ -19,7 +19,8 @@ import _common  # noqa: F401  (XLA flag before JAX starts)
 import numpy as np
 
 import studies
-from harness.kernel import TrialPlan, TrialRunner
+from harness.kernel.plan import TrialPlan
+from harness.kernel.runners import TrialRunner
 from harness.space import static_points
 
 

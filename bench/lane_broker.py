@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import optuna  # noqa: E402
 
 import studies  # noqa: E402
-from harness.folder import ResultsFolder  # noqa: E402
-from harness.lanes import LaneBroker  # noqa: E402
-from harness.search import open_study, suggest  # noqa: E402
-from harness.settings import Options, resolve  # noqa: E402
+from harness.driver.settings import Options, resolve  # noqa: E402
+from harness.lanes.broker import LaneBroker  # noqa: E402
+from harness.search.searcher import open_study, suggest  # noqa: E402
+from harness.store.folder import ResultsFolder  # noqa: E402
 
 STATIC = {"num_minibatches": "8"}  # the trial's static choice, as Optuna holds it
 MIN_STEPS, CHUNK = 100, 128  # rungs at 100, 300, 900 env steps; a chunk is 128

@@ -39,7 +39,7 @@ from typing import Any
 import _common  # noqa: F401  (XLA flag before JAX starts)
 import numpy as np
 
-from harness.cluster import usable_cores
+from harness.cluster.session import usable_cores
 
 STATIC = dict(num_envs=4, num_steps=128, update_epochs=4, updates_per_chunk=10, num_minibatches=4)
 ENVS = ("cartpole", "dungeon")
@@ -91,13 +91,14 @@ def harness_study(path: Path, out: Path, scheduler: str, trials: int, configs: i
 def _tune_trainable() -> type:
     from ray import tune
 
-    from harness.kernel import TrialPlan, TrialRunner
+    from harness.kernel.plan import TrialPlan
+    from harness.kernel.runners import TrialRunner
 
     class OneConfig(tune.Trainable):
         """One configuration x S seeds of our kernel, a chunk per step, its state checkpointed."""
 
         def setup(self, config: dict[str, Any]) -> None:
-            from harness.trainable import setup_process
+            from harness.cluster.trainable import setup_process
 
             setup_process({"pin_cores": True, "cpus": 1})
             self.plan = TrialPlan(env=config["env"], algo="ppo", config=config["static"], seeds=config["seeds"],

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import plots, report, tensorboard
-from harness.folder import ResultsFolder
-from harness.records import write_json
+from harness import report
+from harness.reports import plots, tensorboard
+from harness.store.folder import ResultsFolder
+from harness.store.records import write_json
 
 SPACE = {"lr": "log", "gamma": "uniform", "gae_lambda": "uniform", "clip_eps": "uniform", "ent_coef": "log"}
 

@@ -93,7 +93,7 @@ def study_file(folder: Path, env: str, seed: int, top_k: int = 3, final_seeds: i
 
 def run_study(path: Path, out: Path, method: str, budget: dict[str, int]) -> dict[str, Any]:
     """One study: configurations evaluated, env steps trained, best re-evaluated score, wall time."""
-    from harness.folder import ResultsFolder
+    from harness.store.folder import ResultsFolder
 
     cmd = [sys.executable, "-m", "harness.study", str(path), "--scheduler", METHODS[method],
            "--trials", str(budget["trials"]), "--configs-per-trial", str(budget["configs"]),
@@ -116,7 +116,8 @@ def run_study(path: Path, out: Path, method: str, budget: dict[str, int]) -> dic
 def held_out(folders: dict[str, Path], seeds: int, study_seed: int) -> dict[str, float]:
     """Each study's answer re-trained on ``seeds`` held-out seeds, the same for every study
     (one kernel per static config); its mean score."""
-    from harness.kernel import FINAL, TrialPlan, run_trial
+    from harness.kernel.plan import FINAL, TrialPlan
+    from harness.kernel.runners import run_trial
 
     answers: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
     for method, folder in folders.items():

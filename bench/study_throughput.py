@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.cluster import usable_cores
+from harness.cluster.session import usable_cores
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -100,7 +100,8 @@ def yardstick(runs: list[tuple[dict[str, Any], dict[str, float]]], name: str, ti
     """Each (plan, hparams) re-trained for ``timesteps`` on the same ``seeds`` held-out seeds,
     scored by the registered study's objective; one kernel per static config."""
     import studies
-    from harness.kernel import FINAL, TrialPlan, run_trial
+    from harness.kernel.plan import FINAL, TrialPlan
+    from harness.kernel.runners import run_trial
 
     study = studies.get(name)
     out: list[np.ndarray | None] = [None] * len(runs)
@@ -120,14 +121,14 @@ def yardstick(runs: list[tuple[dict[str, Any], dict[str, float]]], name: str, ti
 
 
 def ci(x: np.ndarray) -> str:
-    from harness.stats import bootstrap_ci
+    from harness.kernel.stats import bootstrap_ci
 
     lo, hi = bootstrap_ci(x[np.isfinite(x)])
     return f"{np.nanmean(x):.2f} (95% CI {lo:.2f}..{hi:.2f})"
 
 
 def paired(a: np.ndarray, b: np.ndarray) -> str:
-    from harness.stats import paired_difference
+    from harness.kernel.stats import paired_difference
 
     d, lo, hi = paired_difference(a, b)
     return f"{d:+.2f} (95% CI {lo:+.2f}..{hi:+.2f})"

@@ -36,7 +36,7 @@ class Episode:
 
 def _choose(root: Path, config: str | None, seed: int) -> tuple[dict[str, Any], Path]:
     from envs.check import first_line
-    from harness.folder import ResultsFolder
+    from harness.store.folder import ResultsFolder
 
     folder = ResultsFolder(root)
     if not root.is_dir():
@@ -75,7 +75,7 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
         PlayError: no such results folder, checkpoint, configuration or seed, a kept policy that
             cannot be loaded, or no renderer.
     """
-    from harness.device import configure_xla
+    from harness.kernel.device import configure_xla
 
     configure_xla()
     import jax
@@ -85,8 +85,9 @@ def play(root: Path, *, config: str | None = None, seed: int = 0, episode_seed: 
     from algos.common import evaluate_policy
     from envs.adapters import LIBRARIES
     from envs.check import first_line
-    from harness.kernel import TrialPlan, build_config, keys_for, make_algo
-    from harness.render import RENDERERS, drawn_from_states, use_offscreen_gl
+    from harness.kernel.compile import build_config, keys_for, make_algo
+    from harness.kernel.plan import TrialPlan
+    from harness.reports.render import RENDERERS, drawn_from_states, use_offscreen_gl
 
     if gif is not None and not Path(gif).resolve().parent.is_dir():  # said now, not after the episode
         raise PlayError(f"cannot write {gif}: no folder {Path(gif).resolve().parent}")
@@ -154,7 +155,7 @@ def _write_gif(gif: Path, policy: dict[str, Any], env: Any, env_params: Any, epi
     ours from their observations), captions each frame, writes the GIF; returns the frames."""
     from PIL import ImageDraw
 
-    from harness.render import RENDERERS, RenderError, drawn_from_states, state_frames
+    from harness.reports.render import RENDERERS, RenderError, drawn_from_states, state_frames
 
     states = episode.states
     if drawn_from_states(policy["env"]):  # the states before the last step (the end resets the state)

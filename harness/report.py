@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import ablation, importance, lineage
 from harness.cli import Parser
-from harness.folder import ResultsFolder, as_folder
-from harness.records import RecordsError, config_id, write_json
+from harness.kernel.stats import bootstrap_ci, config_score, describe_objective, iqm, paired_difference
+from harness.reports import ablation, importance, lineage
 from harness.space import label
-from harness.stats import bootstrap_ci, config_score, describe_objective, iqm, paired_difference
+from harness.store.folder import ResultsFolder, as_folder
+from harness.store.records import RecordsError, config_id, write_json
 
 
 def _param_columns(params: dict[str, Any]) -> dict[str, Any]:
@@ -278,8 +278,8 @@ def build(where: ResultsFolder | Path, *, plots: bool = True) -> dict[str, Path]
         paths["best"] = folder.report("best.json")
         write_json(paths["best"], _jsonable(b))
     if plots:
-        from harness import plots as plotting
-        from harness import tensorboard
+        from harness.reports import plots as plotting
+        from harness.reports import tensorboard
 
         paths.update(plotting.build(folder, meta, configs, curves, _jsonable(b) if b else None,
                                     pbt if len(pbt) else None, tables_.get("importance"), tables_.get("ablation")))

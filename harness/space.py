@@ -102,7 +102,7 @@ class PBT:
 
 SCHEDULERS = ("asha", "lanes", "pbt", "none")
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a study's name is its results folder's
-METRICS = ("mean", "iqm")  # a configuration's score over its seeds (harness.stats.config_score)
+METRICS = ("mean", "iqm")  # a configuration's score over its seeds (harness.kernel.stats.config_score)
 DIRECTIONS = ("maximize", "minimize")
 
 
@@ -321,7 +321,7 @@ def validate(study: Study, config_cls: type, hparams_cls: type, *, timesteps: in
         if name not in config_fields | hp_fields:
             raise StudyError(f"study {study.name}: unknown setting {name!r} for {study.algo}; "
                              f"known: {', '.join(known)}")
-    from harness.stats import OBJECTIVES
+    from harness.kernel.stats import OBJECTIVES  # numpy: not when a study file imports this module
 
     if study.metric not in METRICS:
         raise StudyError(f"study {study.name}: metric must be one of {', '.join(METRICS)}, got {study.metric!r}")

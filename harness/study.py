@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli import Parser
-from harness.cluster import ClusterError, Placement
-from harness.folder import ResultsFolder, StudyMeta
-from harness.records import RecordsError, disk_problem
-from harness.settings import Options, Settings, prepare_folder, resolve
+from harness.cluster.placement import Placement
+from harness.cluster.session import ClusterError
+from harness.driver.settings import Options, Settings, prepare_folder, resolve
 from harness.space import SCHEDULERS, Budget, StudyError
+from harness.store.folder import ResultsFolder, StudyMeta
+from harness.store.records import RecordsError, disk_problem
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.device import driver_on_cpu
+    from harness.kernel.device import driver_on_cpu
 
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
@@ -144,16 +145,20 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
         StudyError: the results disk refused a write (one line; nothing recorded is lost), and
             every error a phase raises in one line.
     """
-    from harness import ablation, cluster, final_phase, report, search_phase, summary
-    from harness.guard import DiskGuard
+    from harness import report
+    from harness.cluster import placement, session
+    from harness.driver import summary
+    from harness.driver.guard import DiskGuard
+    from harness.kernel.device import cache_dir
+    from harness.phases import ablation, final_phase, search_phase
 
     started = time.monotonic()
     guard = DiskGuard(folder, settings.resume_command)
     try:
-        with cluster.session(settings, folder) as urls:
-            place = cluster.placement(cluster.cache_dir())
+        with session.session(settings, folder) as urls:
+            place = placement.placement(cache_dir())
             budget = settings.budget(place.kind)
-            place = cluster.fit_trials(settings, budget, place)
+            place = placement.fit_trials(settings, budget, place)
             settings = settings.with_rounds(budget, place.slots, stored)  # the slots the trials fit in
             settings = settings.with_optuna_study(stored, own_storage=settings.storage == folder.optuna_url())
             created = datetime.datetime.now().isoformat(timespec="seconds")
@@ -199,7 +204,9 @@ def time_plan(settings: Settings, budget: Budget, place: Placement, started: flo
     Raises:
         StudyError: the time is too short for one trial, the re-training and the ablation path.
     """
-    from harness import cluster, final_phase, timeplan
+    from harness.driver import timeplan
+    from harness.kernel.device import cache_dir
+    from harness.phases import final_phase
     from harness.space import static_points
 
     s = settings.study
@@ -214,7 +221,7 @@ def time_plan(settings: Settings, budget: Budget, place: Placement, started: flo
         print(f"--time: timing one trial's kernel on this machine ({budget.configs_per_trial} configs x "
               f"{budget.seeds} seeds; its compile is kept for the trials) ...", flush=True)
         try:
-            compile_s, kernel_s = timeplan.calibrate(probe, cluster.cache_dir())
+            compile_s, kernel_s = timeplan.calibrate(probe, cache_dir())
         except Exception as err:  # the study's own kernel fails: said here as a trial would say it
             why = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
             raise StudyError(f"--time: timing one trial's kernel of {s.name} failed: {why}") from None
@@ -233,7 +240,7 @@ def time_plan(settings: Settings, budget: Budget, place: Placement, started: flo
 def header(settings: Settings, budget: Budget, place: Placement, folder: ResultsFolder,
            dashboard: str | None, metrics: str | None) -> list[str]:
     """What a study prints before its first trial: shape, objective, where results and Ray are."""
-    from harness.stats import describe_objective
+    from harness.kernel.stats import describe_objective
 
     s = settings.study
     trials = "trials for --time" if settings.time_s else f"{budget.trials} trials"
@@ -243,7 +250,7 @@ def header(settings: Settings, budget: Budget, place: Placement, folder: Results
            f"{s.metric} over seeds, {s.direction}d",
            f"results: {folder}"]
     if settings.scheduler == "lanes":
-        from harness.lanes import ETA, rungs
+        from harness.lanes.trial import ETA, rungs
 
         steps = ", ".join(f"{x:,}" for x in rungs(max(1, budget.timesteps // ETA**2), budget.timesteps))
         n, rounds = settings.tune_trials(budget), settings.lane_rounds(budget)

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from harness.cli import Parser
-from harness.device import configure_xla
+from harness.kernel.device import configure_xla
 from harness.space import out_of_range
 
 
@@ -122,7 +122,8 @@ def _run(args: argparse.Namespace) -> int:
 
     hp = stacked({})
     if args.config_key is not None:  # as harness.kernel keys a configuration of a study (config_keys)
-        from harness.kernel import SEARCH, config_keys
+        from harness.kernel.compile import config_keys
+        from harness.kernel.plan import SEARCH
 
         keys, eval_keys = config_keys(args.seed, [args.config_key], SEARCH, args.seeds)
     else:

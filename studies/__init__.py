@@ -15,7 +15,7 @@ import pkgutil
 from pathlib import Path
 from types import ModuleType
 
-from harness.space import Study, StudyError
+from harness import Study, StudyError
 
 ENTRY_POINTS = "rl_harness.studies"
 

@@ -1,6 +1,6 @@
 """Search spaces shared by several studies."""
 
-from harness.space import LogUniform, Uniform
+from harness import LogUniform, Uniform
 
 SAC = dict(
     actor_lr=LogUniform(1e-4, 3e-3),

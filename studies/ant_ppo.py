@@ -1,6 +1,6 @@
 """PPO on Brax's Ant (MuJoCo-style physics in JAX, positional backend): the locomotion settings."""
 
-from harness.space import Budget, Categorical, LogUniform, Study, Uniform
+from harness import Budget, Categorical, LogUniform, Study, Uniform
 
 STUDY = Study(
     name="ant_ppo",

@@ -1,6 +1,6 @@
 """PPO on CartPole-v1: learning rate, discounting, clipping, entropy; minibatch count is static."""
 
-from harness.space import Budget, Categorical, Study, Uniform
+from harness import Budget, Categorical, Study, Uniform
 from studies._spaces import PPO
 
 STUDY = Study(

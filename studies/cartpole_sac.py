@@ -1,6 +1,6 @@
 """SAC on ContinuousCartPole-v1 (force in [-1, 1]): learning rates, gamma, tau, batch size."""
 
-from harness.space import Budget, Categorical, Study
+from harness import Budget, Categorical, Study
 from studies._spaces import SAC
 
 STUDY = Study(

@@ -9,7 +9,7 @@ below zero (health lost), so tuned vs default is also stated above random masked
 (``reference``; tests/test_grid_envs.py checks it).
 """
 
-from harness.space import Budget, Study, Uniform
+from harness import Budget, Study, Uniform
 from studies._spaces import PPO
 
 STUDY = Study(

@@ -1,6 +1,6 @@
 """SAC on Pendulum-v1: learning rates, discount, Polyak rate, entropy target."""
 
-from harness.space import Budget, Study
+from harness import Budget, Study
 from studies._spaces import SAC
 
 STUDY = Study(

@@ -7,7 +7,7 @@ eaten, less 1 for a death; tuned vs default is also stated above random play's r
 (``reference``; tests/test_grid_envs.py checks it).
 """
 
-from harness.space import Budget, Categorical, Study
+from harness import Budget, Categorical, Study
 from studies._spaces import PPO
 
 STUDY = Study(

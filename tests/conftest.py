@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.render import use_offscreen_gl
+from harness.reports.render import use_offscreen_gl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,7 +75,7 @@ def _shared_compile_cache(cache_home):
     re-training a trial's plan in a process of its own reads the kernels the trial compiled."""
     import jax
 
-    from harness.cluster import cache_dir
+    from harness.kernel.device import cache_dir
 
     os.environ["XDG_CACHE_HOME"] = cache_home
     path = cache_dir()
@@ -165,7 +165,7 @@ def _settle_background_compiles() -> None:
     """Waits for the evaluation compiles trial runners start on a thread (harness.kernel._compile_soon)."""
     import threading
 
-    from harness.kernel import COMPILE_THREAD
+    from harness.kernel.compile import COMPILE_THREAD
 
     for thread in threading.enumerate():
         if thread.name == COMPILE_THREAD:

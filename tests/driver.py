@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.cluster import Placement
-from harness.folder import ResultsFolder
-from harness.search_phase import plan_factory
-from harness.settings import Options, Settings, resolve
+from harness.cluster.placement import Placement
+from harness.driver.settings import Options, Settings, resolve
+from harness.phases.search_phase import plan_factory
 from harness.space import Budget, Study
+from harness.store.folder import ResultsFolder
 
 CPU = Placement("cpu", {"cpu": 1}, 2, {"cache_dir": "/nonexistent"})
 
@@ -45,7 +45,7 @@ def fake_result(plan: dict[str, Any], chunk: int, num_chunks: int, *, value: flo
 
 
 class FakeTune:
-    """Stands in for ``harness.tuning.run``: runs each proposed trial to the end, one at a time,
+    """Stands in for ``harness.cluster.tuning.run``: runs each proposed trial to the end, one at a time,
     reporting :func:`fake_result` after each of ``chunks`` chunks (``stop_after``: the whole run
     stops, as on Ctrl-C, after that many trials were proposed; they stay in flight)."""
 
@@ -60,7 +60,7 @@ class FakeTune:
                  kind: str, searcher: Any = None, num_samples: int = 1, halt: Any = None, **kwargs: Any) -> None:
         import itertools
 
-        from harness.tuning import GuardedSearcher
+        from harness.cluster.tuning import GuardedSearcher
 
         self.calls.append({"kind": kind, "num_samples": num_samples, **kwargs})
         searcher = GuardedSearcher(searcher, guard, kwargs.get("until"))

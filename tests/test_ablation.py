@@ -8,10 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import ablation, final_phase, importance, report, summary
-from harness.folder import StudyMeta
-from harness.guard import DiskGuard
-from harness.kernel import FINAL
+from harness import report
+from harness.driver import summary
+from harness.driver.guard import DiskGuard
+from harness.kernel.plan import FINAL
+from harness.phases import ablation, final_phase
+from harness.reports import importance
+from harness.reports.ablation import table as ablation_table
+from harness.store.folder import StudyMeta
 from tests.driver import CPU, FakeTune
 from tests.test_driver import _final_kernels, _search
 
@@ -90,13 +94,13 @@ def test_ablation_path__orders_the_switches_by_their_gain_alone_and_ends_at_the_
                          lambda pts: {n: None if n == "b" else [-score(p, s) for s in range(4)]
                                       for n, p in pts.items()}, maximize=False)
     assert [s.param for s in flip] == [None, "a", "d", "c", "b"]
-    table = ablation.table({"maximize": True, "steps": [s.__dict__ for s in steps]})
+    table = ablation_table({"maximize": True, "steps": [s.__dict__ for s in steps]})
     assert list(table.param) == ["(default)", "a", "b", "d", "c"] and list(table.value) == ["", "1", "1", "1", "y"]
     assert table.gain.round(6).tolist()[1:] == [10.0, 1.0, 5.5, 0.0]  # paired by seed: the noise cancels
     assert (table.gain_ci_low.round(6) == table.gain.round(6)).iloc[1:].all()
     # inner points on fewer seeds than the ends: gains are paired over the seeds both have
     short = [dict(s.__dict__, scores=s.scores[:2]) if 0 < s.step < 4 else s.__dict__ for s in steps]
-    table = ablation.table({"maximize": True, "steps": short})
+    table = ablation_table({"maximize": True, "steps": short})
     assert table.gain.round(6).tolist()[1:] == [10.0, 1.0, 5.5, 0.0] and table.seeds.tolist() == [4, 2, 2, 2, 4]
 
 
@@ -178,7 +182,7 @@ def test_ablation__a_best_configuration_with_a_pbt_schedule_has_no_path_and_says
     assert "ablation" not in report.build(folder)  # no path, no ablation.csv
 
 
-# -- the path's steps as batches of one Tune run (harness.tuning.PlanFeed) --------------------------
+# -- the path's steps as batches of one Tune run (harness.cluster.tuning.PlanFeed) --------------------------
 
 def _drive(feed, complete, deadline_s=20.0):
     """What Tune does with a searcher: ask for a trial, run it, tell how it ended; until FINISHED.
@@ -203,7 +207,7 @@ def _drive(feed, complete, deadline_s=20.0):
 def test_plan_feed__batches_decided_from_the_last_results_run_as_trials_of_one_run():
     import threading
 
-    from harness.tuning import PlanFeed
+    from harness.cluster.tuning import PlanFeed
 
     feed, got = PlanFeed(lambda plan: {"plan": plan}), []
 
@@ -226,7 +230,7 @@ def test_plan_feed__a_run_that_ends_first_fails_the_batch_still_waiting():
     import threading
     import time
 
-    from harness.tuning import FeedStopped, PlanFeed
+    from harness.cluster.tuning import FeedStopped, PlanFeed
 
     feed, errors = PlanFeed(lambda plan: {"plan": plan}), []
 

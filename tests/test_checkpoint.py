@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from harness.kernel import TrialPlan, TrialRunner, runner_for
+from harness.kernel.plan import TrialPlan
+from harness.kernel.runners import TrialRunner, runner_for
 from tests.test_pbt import PLAN as PBT_PLAN
 
 PPO = TrialPlan(

@@ -26,7 +26,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from harness.folder import ResultsFolder
+from harness.store.folder import ResultsFolder
 from tests.conftest import _ray_processes, listening, stop_ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from flax import struct
 import envs
 from algos import ppo
 from envs import Box, Environment, MultiDiscrete, Transition
-from harness.coverage import probe
+from harness.reports.coverage import probe
 
 pytest.importorskip("gymnax")
 pytest.importorskip("jumanji")

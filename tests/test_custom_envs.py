@@ -194,7 +194,7 @@ def test_study_file__its_folder_reaches_the_embedded_rays_workers(tmp_path, monk
 
     import ray
 
-    from harness import cluster
+    from harness.cluster import session as cluster
 
     monkeypatch.setattr(os, "environ", {**os.environ, "PYTHONPATH": "/elsewhere"})
     seen = {}

@@ -21,13 +21,16 @@ import optuna
 import pytest
 
 import studies
-from harness import final_phase, report, search_phase, summary, tuning
-from harness.folder import InFlight, ResultsFolder, StudyMeta, Unreadable
-from harness.guard import DiskGuard
-from harness.kernel import FINAL
-from harness.records import RecordsError, write_json
-from harness.settings import Options, prepare_folder, resolve
+from harness import report
+from harness.cluster import tuning
+from harness.driver import summary
+from harness.driver.guard import DiskGuard
+from harness.driver.settings import Options, prepare_folder, resolve
+from harness.kernel.plan import FINAL
+from harness.phases import final_phase, search_phase
 from harness.space import Budget, Categorical, Int, LogUniform, StudyError, Uniform
+from harness.store.folder import InFlight, ResultsFolder, StudyMeta, Unreadable
+from harness.store.records import RecordsError, write_json
 from tests.driver import CPU, FakeTune, settings_for, small
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,7 +195,7 @@ def test_settings__each_results_folder_has_its_own_optuna_study_in_a_shared_stor
     """A second folder of the same study in a shared --storage (--smoke, another --out, --fresh)
     gets NAME-2, so starting it cannot mark the first one's running trials failed as stale; a
     resumed folder keeps the name its study.json holds (a folder from before: the study's name)."""
-    from harness.search import open_study, reconcile
+    from harness.search.searcher import open_study, reconcile
 
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     study = studies.get("cartpole_ppo")
@@ -421,8 +424,8 @@ def test_failures__say_the_exception_and_its_message_not_the_frameworks_boilerpl
     import jax
     import jax.numpy as jnp
 
-    from harness.trainable import DETERMINISTIC, failure_text
-    from harness.tuning import error_line
+    from harness.cluster.trainable import DETERMINISTIC, failure_text
+    from harness.cluster.tuning import error_line
 
     try:
         jax.jit(lambda x: float(jnp.min(x)))(jnp.ones(3))
@@ -450,7 +453,7 @@ def test_failures__say_the_exception_and_its_message_not_the_frameworks_boilerpl
 def test_trial_error__read_from_the_trials_local_error_file_before_storage_has_its_copy(tmp_path):
     """Tune writes a failure to the trial's local folder, then calls back; the copy in storage
     (what ``Trial.get_error`` reads) comes later: a trial whose node died read "no error text"."""
-    from harness.tuning import trial_error
+    from harness.cluster.tuning import trial_error
 
     class Trial:
         error_file = str(tmp_path / "error.txt")
@@ -590,7 +593,7 @@ def test_study_cli__ctrl_c_before_any_record_prints_the_resume_line(tmp_path, mo
 def test_cluster__sigterm_during_a_study_does_what_ctrl_c_does():
     import signal
 
-    from harness.cluster import terminate_as_interrupt
+    from harness.cluster.session import terminate_as_interrupt
 
     with pytest.raises(KeyboardInterrupt), terminate_as_interrupt("resume"):  # Python's own SIGINT handler
         os.kill(os.getpid(), signal.SIGTERM)
@@ -619,7 +622,7 @@ def test_cluster__sigterm_during_a_study_does_what_ctrl_c_does():
 def test_cluster__sigterm_whose_graceful_stop_hangs_exits_after_its_grace_with_the_resume_line():
     # a signal to the whole process group also stops Ray's processes, and Tune's stop then waits
     code = ("import os, signal, time\n"
-            "from harness.cluster import terminate_as_interrupt\n"
+            "from harness.cluster.session import terminate_as_interrupt\n"
             "with terminate_as_interrupt('python -m harness.study x', grace=0.5):\n"
             "    signal.signal(signal.SIGINT, lambda *a: None)  # a stop that never finishes\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -712,35 +715,36 @@ def test_study__a_budget_counts_in_whole_numbers():
 # -- the shape of the driver ----------------------------------------------------------------------
 
 def test_driver__only_the_cli_imports_studies_and_sees_argv():
-    for path in (ROOT / "harness").glob("*.py"):
-        text = path.read_text()
-        if path.name != "study.py":
+    for path in (ROOT / "harness").rglob("*.py"):
+        text, name = path.read_text(), path.relative_to(ROOT / "harness").as_posix()
+        if name != "study.py":
             assert not re.search(r"^\s*(import studies|from studies)", text, re.M), path
-        if path.name not in ("study.py", "report.py", "train.py", "play.py", "cli.py"):  # the CLIs, their parser
+        if name not in ("study.py", "report.py", "train.py", "play.py", "cli.py"):  # the CLIs, their parser
             assert "sys.argv" not in text and "argparse" not in text, path
 
 
 def test_driver__no_module_but_the_folder_builds_paths_inside_a_results_folder():
     layout = re.compile(r"""/\s*f?["'](study\.json|final\.json|optuna\.db|inflight|trials|checkpoints|schedules|"""
                         r"""ray-session\.json|reports|tensorboard|tune)\b""")  # joined as a path: root / "trials"
-    offenders = [p.name for p in (ROOT / "harness").glob("*.py")
-                 if p.name != "folder.py" and layout.search(p.read_text())]
+    offenders = [p.relative_to(ROOT).as_posix() for p in (ROOT / "harness").rglob("*.py")
+                 if p != ROOT / "harness" / "store" / "folder.py" and layout.search(p.read_text())]
     assert offenders == []
 
 
 def test_study_cli__ray_is_first_imported_after_its_variables_are_set(tmp_path):
     """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER (every port on loopback) and RAY_AUTH_MODE when
-    it is first imported: nothing on the way to ``cluster.start`` may import it."""
+    it is first imported: nothing on the way to ``harness.cluster.session.start`` may import it."""
     code = f"""
 import sys
-from harness import cluster, study
-from harness.cluster import ClusterError
+from harness import study
+from harness.cluster import session
+from harness.cluster.session import ClusterError
 
 def start(address, code_dir=None):
     print("ray imported before cluster.start:", "ray" in sys.modules)
     raise ClusterError("stop here")
 
-cluster.start = start
+session.start = start
 sys.exit(study.main(["cartpole_ppo", "--smoke", "--out", {str(tmp_path)!r}]))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -750,7 +754,8 @@ sys.exit(study.main(["cartpole_ppo", "--smoke", "--out", {str(tmp_path)!r}]))
 
 
 def test_core_and_driver_units__import_without_starting_ray():
-    code = ("import harness.folder, harness.settings, harness.guard, harness.progress, harness.summary, sys; "
+    code = ("import harness.store.folder, harness.driver.settings, harness.driver.guard, "
+            "harness.driver.progress, harness.driver.summary, sys; "
             "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
@@ -765,7 +770,7 @@ def test_settings__an_algorithm_that_cannot_take_the_env_is_refused_before_ray_s
 def test_tuning__tunes_closing_list_of_incomplete_trials_is_not_printed():
     """Each failed trial has its own line with its error; Tune's "Trials did not complete: [ids]"
     after them is boilerplate and stays out of the study's output. Other errors still show."""
-    from harness import tuning
+    from harness.cluster import tuning
 
     log, seen = logging.getLogger("ray.tune.tune"), []
     handler = logging.Handler()
@@ -782,7 +787,7 @@ def test_tuning__tunes_closing_list_of_incomplete_trials_is_not_printed():
 
 
 def test_progress__says_every_15_s_what_runs_also_before_the_first_chunk(monkeypatch):
-    from harness import progress
+    from harness.driver import progress
 
     now, lines = [100.0], []
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])

@@ -58,7 +58,8 @@ def test_gpu__smoke_study_with_nothing_exported_measures_placement_and_finishes(
 
 
 def test_gpu__stated_device_too_small_for_the_shape_splits_it(tmp_path, ray_env):
-    code = ("from harness.kernel import TrialPlan; from harness.placement import measure_kernel as m\n"
+    code = ("from harness.kernel.plan import TrialPlan\n"
+            "from harness.cluster.placement import measure_kernel as m\n"
             "p = TrialPlan('CartPole-v1', 'ppo', dict(num_envs=4, num_steps=128, update_epochs=4, "
             "updates_per_chunk=10, num_minibatches=4, total_timesteps=20480), [{}], 2, 0)\n"
             "print(int(((m(p, 1).need(2) + m(p, 2).need(2)) / 2 + 512 * 2**20) / 0.9))")  # + a CUDA context
@@ -80,7 +81,7 @@ def test_gpu__shape_that_cannot_fit_is_one_line_before_any_trial(tmp_path, ray_e
 
 def test_gpu__kernel_out_of_memory_shrinks_its_sub_batch_and_finishes():
     # the transformer at 8 configs x 8 seeds needs far more than the 6% of the GPU this process may take
-    code = ("from harness.kernel import TrialPlan, TrialRunner\n"
+    code = ("from harness.kernel.plan import TrialPlan; from harness.kernel.runners import TrialRunner\n"
             "cfg = dict(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=2, network='transformer', "
             "embed_dim=16, num_heads=2, num_layers=1, updates_per_chunk=1, eval_episodes=2, "
             "total_timesteps=4096)\n"

@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from harness import kernel
-from harness.kernel import OutOfMemory, TrialPlan, TrialRunner, config_groups, run_trial
+from harness.kernel import compile, runners
+from harness.kernel.plan import OutOfMemory, TrialPlan, config_groups
+from harness.kernel.runners import TrialRunner, run_trial
 
 PLAN = TrialPlan(
     env="CartPole-v1", algo="ppo",
@@ -54,7 +55,7 @@ def test_runner__sub_batches_give_the_results_of_one_batch(batch):
 def _oom_above(monkeypatch, widest):
     """Makes the compiled chunk fail like XLA out of memory for sub-batches wider than ``widest``;
     returns the widths it was called with."""
-    real = kernel._compiled
+    real = runners._compiled
     widths = []
 
     def compiled(*args):
@@ -69,7 +70,7 @@ def _oom_above(monkeypatch, widest):
             return chunk(state, hp, *rest)
         return init, tight_chunk, evaluate, algo
 
-    monkeypatch.setattr(kernel, "_compiled", compiled)
+    monkeypatch.setattr(runners, "_compiled", compiled)
     return widths
 
 
@@ -91,7 +92,7 @@ def test_runner__out_of_memory_at_one_configuration_is_a_clear_error(monkeypatch
 
 
 def test_runner__other_errors_are_not_taken_for_out_of_memory(monkeypatch):
-    real = kernel._compiled
+    real = runners._compiled
 
     def compiled(*args):
         init, _, evaluate, algo = real(*args)
@@ -100,7 +101,7 @@ def test_runner__other_errors_are_not_taken_for_out_of_memory(monkeypatch):
             raise jax.errors.JaxRuntimeError("INTERNAL: something else")
         return init, broken, evaluate, algo
 
-    monkeypatch.setattr(kernel, "_compiled", compiled)
+    monkeypatch.setattr(runners, "_compiled", compiled)
     with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
         run_trial(PLAN)
 
@@ -132,7 +133,7 @@ def test_compile_once_per_node__of_two_starting_together_one_compiles_and_the_ot
     def compile_() -> None:
         jitted = trial_kernel()
         start.wait()
-        kernel._compile_once_per_node(jitted, np.ones((32, 32), np.float32))
+        compile._compile_once_per_node(jitted, np.ones((32, 32), np.float32))
 
     min_time = jax.config.jax_persistent_cache_min_compile_time_secs
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

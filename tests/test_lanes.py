@@ -1,4 +1,4 @@
-"""Lanes refilled inside a trial's kernel (harness.kernel.LaneRunner.refill): a configuration
+"""Lanes refilled inside a trial's kernel (harness.kernel.runners.LaneRunner.refill): a configuration
 started in a lane mid-trial trains exactly as it would have from the trial's start, its
 neighbours are untouched, and a snapshot taken with lanes at different progress resumes bit for bit."""
 
@@ -12,7 +12,8 @@ import numpy as np
 import optuna
 import pytest
 
-from harness.kernel import LaneRunner, TrialPlan, run_trial
+from harness.kernel.plan import TrialPlan
+from harness.kernel.runners import LaneRunner, run_trial
 
 HP = [{"lr": 3e-4, "ent_coef": 0.0}, {"lr": 1e-3, "ent_coef": 0.01}, {"lr": 3e-3, "ent_coef": 0.02},
       {"lr": 2e-4, "ent_coef": 0.05}]
@@ -102,8 +103,8 @@ def test_refill__is_refused_where_lanes_cannot_be_refilled():
 
 def _broker(tmp_path, min_steps=100):
     import studies
-    from harness.lanes import LaneBroker
-    from harness.search import open_study
+    from harness.lanes.broker import LaneBroker
+    from harness.search.searcher import open_study
     from tests.driver import settings_for
 
     settings = settings_for(studies.get("cartpole_ppo"), tmp_path, scheduler="lanes")
@@ -183,7 +184,7 @@ def test_broker__a_broker_killed_between_its_verdict_and_the_tell_is_answered_as
     """The broker dies (its driver killed) after the pruner judged a lane at a rung and before
     Optuna was told: the broker after it answers that chunk as the first one judged. (Judged again,
     the rung value the pruner had written made Optuna count the lane a rung further: promoted.)"""
-    from harness.lanes import LaneBroker
+    from harness.lanes.broker import LaneBroker
 
     _, ostudy, broker = _broker(tmp_path)
     first = [ostudy.ask() for _ in range(4)]
@@ -241,7 +242,7 @@ def test_lane_trial__says_whether_a_configuration_promoted_now_reaches_its_next_
     then stops it at the rung and refills its lane instead of training it until the trial ends)."""
     from types import SimpleNamespace
 
-    from harness.lanes import Lane, LaneTrial
+    from harness.lanes.trial import Lane, LaneTrial
 
     def runner(chunk: int) -> SimpleNamespace:
         row = SimpleNamespace(lane_steps=np.array([768, 256]), diverged=np.zeros((2, 2), bool))
@@ -265,7 +266,7 @@ def test_broker__refills_numbered_0_mod_3_are_proposed_at_random_the_others_by_t
     random fraction), with the trial's static values all the same."""
     import optuna
 
-    from harness.lanes import EXPLORE
+    from harness.lanes.broker import EXPLORE
 
     _, ostudy, broker = _broker(tmp_path)
     dists = {"lr": optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
@@ -291,7 +292,7 @@ def test_broker__tpe_counts_running_lanes_promoted_at_a_rung_as_good_not_as_its_
     judged one shows its curve up to its judgement."""
     import optuna
 
-    from harness.lanes import EXPLORE, VERDICT_ATTR, as_judged
+    from harness.lanes.broker import EXPLORE, VERDICT_ATTR, as_judged
 
     _, ostudy, broker = _broker(tmp_path)
     dists = {"lr": optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
@@ -338,7 +339,7 @@ def test_lane_trial__a_chunk_past_two_rungs_reports_the_last_and_its_next_judgem
     next chunk judges it nowhere (it was reported at rung 1 after chunk 1 and always promoted)."""
     from types import SimpleNamespace
 
-    from harness.lanes import Lane, LaneTrial
+    from harness.lanes.trial import Lane, LaneTrial
 
     def runner(chunk: int, steps: int) -> SimpleNamespace:
         row = SimpleNamespace(lane_steps=np.array([steps]), diverged=np.zeros((1, 1), bool))
@@ -358,7 +359,7 @@ def test_lane_trial__rungs_are_the_studys_budgets_not_the_chunks_rounding_of_it(
     the rounding down must not drop the rung at 1/3 (3,333,333 x 3 > 9,994,240)."""
     from types import SimpleNamespace
 
-    from harness.lanes import LaneTrial
+    from harness.lanes.trial import LaneTrial
 
     plan = SimpleNamespace(trial=0, config_keys=[0], hparams=[{}], lanes={
         "eta": 3, "min_steps": 10_000_000 // 9, "budget": 10_000_000, "static": {}, "params": [{}]})
@@ -425,9 +426,9 @@ def test_broker__answers_as_a_broker_reading_the_storage_for_every_judgement_and
     import shutil
 
     import studies
-    from harness import lanes
-    from harness.lanes import LaneBroker
-    from harness.search import suggest
+    from harness.lanes import broker as lanes
+    from harness.lanes.broker import LaneBroker
+    from harness.search.searcher import suggest
     from tests.driver import settings_for
 
     study = studies.get("cartpole_ppo")
@@ -477,7 +478,7 @@ def test_broker__a_steps_samplers_see_the_study_as_its_storage_holds_it_after_ea
     those are shown as pruned, tested above)."""
     import optuna
 
-    from harness.search import suggest
+    from harness.search.searcher import suggest
 
     settings, ostudy, broker = _broker(tmp_path)
     for k in range(6):  # finished, pruned and running trials before the step
@@ -505,7 +506,7 @@ def test_broker__a_step_that_failed_after_asking_a_refill_hands_that_refill_out_
     configuration is left RUNNING that no lane trains."""
     import optuna
 
-    from harness.lanes import LaneBroker
+    from harness.lanes.broker import LaneBroker
 
     _, ostudy, broker = _broker(tmp_path)
     first = [ostudy.ask() for _ in range(4)]
@@ -556,8 +557,8 @@ def _lane_trial(tmp_path, lrs, timesteps, chunks):
     """A lane trial of 3 lanes at learning rates ``lrs`` (a tiny CartPole kernel, chunks of 256 env
     steps, rungs at 256 and 768), served by a broker in this process: (its Optuna study, the broker,
     the first lanes' Optuna trials, the plan, its LaneRunner, its LaneTrial)."""
-    from harness.lanes import LaneTrial
-    from harness.search_phase import plan_factory
+    from harness.lanes.trial import LaneTrial
+    from harness.phases.search_phase import plan_factory
     from harness.space import Budget
 
     settings, ostudy, broker = _broker(tmp_path, min_steps=256)
@@ -578,8 +579,8 @@ def _lane_trial(tmp_path, lrs, timesteps, chunks):
 def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_train_alone(tmp_path, capsys):
     import optuna
 
-    from harness.kernel import run_trial
-    from harness.lanes import LaneTrial
+    from harness.kernel.runners import run_trial
+    from harness.lanes.trial import LaneTrial
 
     ostudy, broker, first, plan, runner, lanes = _lane_trial(tmp_path, (3e-4, 1e-3, 3e-3), 2304, 27)
     config = plan.config
@@ -593,7 +594,7 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
         return calls[-1][1]
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr("harness.lanes.ANSWERS_KEPT", 1)  # older answers: from the study's storage
+        m.setattr("harness.lanes.broker.ANSWERS_KEPT", 1)  # older answers: from the study's storage
         while not runner.done:
             runner.chunk()
             lanes.after_chunk(runner, step)
@@ -618,8 +619,8 @@ def test_lane_trial__evaluates_more_configurations_than_lanes_each_as_it_would_t
         assert r["curve"][-1]["env_steps"] == r["env_steps"] and len(r["curve"]) == r["env_steps"] // 256
         if r["status"] == "complete":
             assert r["env_steps"] == runner.budget_steps
-    # the trial trained again from its record alone (harness.lanes.replay): bit for bit
-    from harness.lanes import replay
+    # the trial trained again from its record alone (harness.lanes.trial.replay): bit for bit
+    from harness.lanes.trial import replay
 
     again = replay(plan, records)
     for r, x in zip(records, again, strict=True):
@@ -707,7 +708,7 @@ def test_settings__lane_trials_fill_the_slots_and_the_static_points_at_most_one_
 
 
 class _LaneTune:
-    """Stands in for ``harness.tuning.run`` for a lane study: each proposed trial reaches its broker
+    """Stands in for ``harness.cluster.tuning.run`` for a lane study: each proposed trial reaches its broker
     once (as a trial does after each chunk) and ends with its first configurations trained to the
     end, configuration i scoring 10 * (trial + 1) + i on every seed."""
 
@@ -715,7 +716,7 @@ class _LaneTune:
         self.configs, self.calls = [], []
 
     def __call__(self, settings, folder, placement, guard, *, kind, searcher=None, num_samples=1, **kwargs):
-        from harness.lanes import broker_call
+        from harness.lanes.trial import broker_call
 
         self.calls.append(num_samples)
         for n in range(num_samples):
@@ -740,7 +741,7 @@ class _LaneTune:
 
 def test_searcher__a_lane_studys_first_trials_take_each_static_combination_in_turn(tmp_path):
     import studies
-    from harness.search import BatchedOptunaSearcher, open_study
+    from harness.search.searcher import BatchedOptunaSearcher, open_study
     from tests.driver import plan_maker, settings_for
 
     study = studies.get("cartpole_ppo")
@@ -768,9 +769,12 @@ def test_searcher__a_lane_studys_first_trials_take_each_static_combination_in_tu
 
 def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_path, monkeypatch, capsys):
     import studies
-    from harness import lanes, report, search_phase, tuning
-    from harness.folder import ResultsFolder
-    from harness.guard import DiskGuard
+    from harness import report
+    from harness.cluster import tuning
+    from harness.driver.guard import DiskGuard
+    from harness.lanes import trial as lanes
+    from harness.phases import search_phase
+    from harness.store.folder import ResultsFolder
     from tests.driver import CPU, settings_for, small
 
     study = small(studies.get("cartpole_ppo"), trials=3, timesteps=20480)
@@ -796,7 +800,8 @@ def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_
     assert "[1/1] trial 0: best of its 2 configs 11.0 (its lanes refilled: 2 trained to the end, 0 stopped " \
            "early)" in capsys.readouterr().out  # (a fake trial: no timings to say)
     # the final phase on lane records: the top configurations and the control on the same fresh seeds
-    from harness import final_phase, summary
+    from harness.driver import summary
+    from harness.phases import final_phase
     from tests.test_driver import _final_kernels
 
     run_plans, seen = _final_kernels(tmp_path)
@@ -815,10 +820,11 @@ def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_
 def test_search_phase__a_lane_trial_that_fails_keeps_what_ended_and_tells_its_running_refills(tmp_path,
                                                                                               monkeypatch):
     import studies
-    from harness import search_phase, tuning
-    from harness.folder import ResultsFolder
-    from harness.guard import DiskGuard
-    from harness.lanes import broker_call
+    from harness.cluster import tuning
+    from harness.driver.guard import DiskGuard
+    from harness.lanes.trial import broker_call
+    from harness.phases import search_phase
+    from harness.store.folder import ResultsFolder
     from tests.driver import CPU, settings_for, small
 
     study = small(studies.get("cartpole_ppo"), trials=3, timesteps=20480)

@@ -10,11 +10,13 @@ import jax
 import numpy as np
 import pytest
 
-from harness import kernel, report
-from harness.kernel import TrialPlan, TrialRunner, run_trial
-from harness.records import write_json
+from harness import report
+from harness.kernel import plan as kernel
+from harness.kernel.plan import TrialPlan
+from harness.kernel.runners import TrialRunner, run_trial
+from harness.kernel.stats import objective_values, paired_difference
 from harness.space import Budget, LogUniform, Study, StudyError, validate
-from harness.stats import objective_values, paired_difference
+from harness.store.records import write_json
 
 PLAN = TrialPlan(
     env="CartPole-v1", algo="ppo",
@@ -112,7 +114,7 @@ def test_kernel__an_objective_needing_curves_without_them_is_refused():
 
 
 def test_trainable__a_minimized_objective_reports_the_smallest_score():
-    from harness.trainable import _best
+    from harness.cluster.trainable import _best
 
     rows, div = [[3.0, 5.0], [1.0, 1.0], [None, None]], [[False] * 2, [False] * 2, [True] * 2]
     assert _best(rows, div) == 4.0 and _best(rows, div, maximize=False) == 1.0
@@ -179,7 +181,7 @@ def test_control__algorithm_defaults_unless_the_study_states_a_baseline(tmp_path
 
 def test_searcher__every_configuration_reports_its_objective_curve_to_optuna(tmp_path):
     import studies
-    from harness.search import BatchedOptunaSearcher, open_study
+    from harness.search.searcher import BatchedOptunaSearcher, open_study
     from tests.driver import plan_maker
 
     study = studies.get("cartpole_ppo")
@@ -214,8 +216,8 @@ def test_searcher__a_long_trial_reports_50_evenly_spaced_chunks_the_last_include
     import warnings
 
     import studies
-    from harness.search import BatchedOptunaSearcher, open_study
-    from harness.stats import MAX_REPORTS, reported_chunks
+    from harness.kernel.stats import MAX_REPORTS, reported_chunks
+    from harness.search.searcher import BatchedOptunaSearcher, open_study
     from tests.driver import plan_maker
 
     assert reported_chunks(7) == set(range(1, 8)) and reported_chunks(1) == {1}
@@ -306,7 +308,7 @@ def test_report__tuned_vs_default_pairs_the_seeds(tmp_path):
 
 
 def test_summary__tuned_vs_default_line_says_whether_tuning_helped():
-    from harness.summary import tuned_vs_default_line
+    from harness.driver.summary import tuned_vs_default_line
 
     t = {"tuned": {"mean": 480.0, "ci95": [470.0, 490.0]}, "default": {"mean": 300.0, "ci95": [250.0, 350.0]},
          "difference": {"mean": 180.0, "ci95": [120.0, 230.0], "paired_seeds": 6}, "better": True}
@@ -325,7 +327,7 @@ def test_docs__study_file_example_loads_and_validates(tmp_path):
     from algos.ppo import PPOConfig, PPOHParams
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "own-env.md").read_text()
-    code = re.search(r"```python\n(from harness.space import .*?STUDY = Study\(.*?)```", page, re.S)[1]
+    code = re.search(r"```python\n(from harness import .*?STUDY = Study\(.*?)```", page, re.S)[1]
     (tmp_path / "my_study.py").write_text(code)
     study = studies.get(str(tmp_path / "my_study.py"))
     assert study.objective == "steps" and study.direction == "minimize" and study.baseline == {"lr": 1e-3}

@@ -15,7 +15,8 @@ import algos
 import envs
 from algos import ppo
 from algos.pbt import Bound, PBTConfig, exploit_explore
-from harness.kernel import PbtRunner, TrialPlan, run_trial
+from harness.kernel.plan import TrialPlan
+from harness.kernel.runners import PbtRunner, run_trial
 
 BOUNDS = (Bound("lr", 1e-4, 3e-3, True), Bound("ent_coef", 0.0, 0.05))
 C, S = 8, 2
@@ -135,7 +136,7 @@ def test_kernel__a_schedule_changes_hyperparameters_between_chunks():
 
 
 def test_lineage__a_configuration_inherits_the_schedule_of_the_networks_it_copied():
-    from harness import lineage
+    from harness.reports import lineage
 
     h = [{"lr": 0.1 * (i + 1)} for i in range(3)]
     record = {"trial": 0, "pbt": {"interval": 4}, "configs": [{"hparams": x} for x in h],

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from harness.kernel import TrialPlan
-from harness.placement import KernelMemory, final_width, fit, measure_kernel, parse_bytes
+from harness.cluster.placement import KernelMemory, final_width, fit, measure_kernel
+from harness.driver.settings import parse_bytes
+from harness.kernel.plan import TrialPlan
 from harness.space import StudyError
 from tests.test_study import _one_error_line, _study
 
@@ -50,8 +51,8 @@ def test_fit__a_shape_too_large_for_the_device_runs_in_sub_batches_that_fit():
 def test_probe__a_device_that_fails_while_measuring_is_one_line_naming_the_error_and_the_held_memory(
         monkeypatch):
     # as seen on an H200 shared with a JAX process that had preallocated: XLA's autotuner ran out
-    import harness.placement as placement
-    from harness.trainable import probe_shapes
+    import harness.cluster.placement as placement
+    from harness.cluster.placement import probe_shapes
 
     def oom(*_):
         raise RuntimeError("RESOURCE_EXHAUSTED: Failed to get configs for: 3 out of 145 instructions. "
@@ -96,7 +97,7 @@ def test_final_plans__a_lane_trial_is_timed_per_configuration_budget(tmp_path):
     """A trial whose lanes were refilled trained several configurations' budgets in its kernel
     time: the re-training width reads its time per budget, as a plain trial's."""
     import studies
-    from harness.final_phase import Candidate, final_plans
+    from harness.phases.final_phase import Candidate, final_plans
     from tests.driver import settings_for, small
 
     settings = settings_for(small(studies.get("cartpole_ppo"), configs_per_trial=4), tmp_path)
@@ -136,21 +137,21 @@ def test_measure_kernel__grows_with_width_and_counts_the_transformers_attention(
 
 
 def _fit(monkeypatch, tmp_path, name, device_memory):
-    """``cluster.fit_trials`` for study ``name``'s smoke budget with ``--device-memory``, its
+    """``placement.fit_trials`` for study ``name``'s smoke budget with ``--device-memory``, its
     one-off probe run in this process instead of a Ray worker; (placement, search plan, lines)."""
     import studies
-    from harness import cluster, placement, trainable
-    from harness.search_phase import plan_factory
+    from harness.cluster import placement, trainable
+    from harness.phases.search_phase import plan_factory
     from tests.driver import CPU, settings_for
 
     monkeypatch.setattr(trainable, "setup_process", lambda device: None)
-    monkeypatch.setattr(cluster, "run_once", lambda fn, *args, gpu: fn(*args))
+    monkeypatch.setattr(placement, "run_once", lambda fn, *args, gpu: fn(*args))
     # 1 MiB per configuration, state included (the measurement itself: test_measure_kernel__...)
     monkeypatch.setattr(placement, "measure_kernel", lambda plan, width: KernelMemory(width, 2**19 * width,
                                                                                       2**20 * width))
     settings = settings_for(studies.get(name), tmp_path, smoke=True, device_memory=device_memory)
     budget, lines = settings.budget("cpu"), []
-    place = cluster.fit_trials(settings, budget, CPU, say=lines.append)
+    place = placement.fit_trials(settings, budget, CPU, say=lines.append)
     points = [{n: d.choices[0] for n, d in settings.study.space.items() if n in settings.static_names}] * 2
     return place, plan_factory(settings, budget)(points, 0), lines
 
@@ -162,17 +163,16 @@ def test_fit_trials__a_shape_larger_than_the_stated_device_runs_its_trials_in_su
     assert place.slots == 1 and place.device["checkpoint_seconds"] == 60.0
     from dataclasses import asdict
 
-    from harness.trainable import shape_of
+    from harness.cluster.trainable import shape_of
 
-    # what the trial with that shape reads from its Tune config (harness.kernel.TrialRunner runs
+    # what the trial with that shape reads from its Tune config (harness.kernel.runners.TrialRunner runs
     # sub-batches to the same results as one batch: tests/test_kernel.py)
     assert shape_of({"plan": asdict(search_plan), "device": place.device}) == {"config_batch": 1}
 
 
 def test_fit_trials__a_study_of_fewer_trials_than_cores_shares_them_on_the_embedded_ray(tmp_path):
     import studies
-    from harness import cluster
-    from harness.cluster import Placement
+    from harness.cluster.placement import Placement, fit_trials
     from tests.driver import settings_for
 
     four = Placement("cpu", {"cpu": 1}, 4, {"cache_dir": "/x", "pin_cores": True, "cpus": 1})
@@ -180,7 +180,7 @@ def test_fit_trials__a_study_of_fewer_trials_than_cores_shares_them_on_the_embed
     def fit(address=None, **options):  # (an address set after resolve, which would check that it answers)
         settings = dataclasses.replace(settings_for(studies.get("cartpole_ppo"), tmp_path, **options),
                                        address=address)
-        return cluster.fit_trials(settings, settings.budget("cpu"), four, say=print)
+        return fit_trials(settings, settings.budget("cpu"), four, say=print)
 
     one, two, six = fit(trials=1), fit(trials=2), fit(trials=6)
     assert (one.slots, one.resources["cpu"], one.device["cpus"]) == (1, 4, 4)  # what the trial pins
@@ -230,7 +230,7 @@ def test_study_cli__device_memory_that_is_not_a_size(tmp_path):
 
 
 def test_trainable__a_trial_asks_ray_for_its_shapes_share_of_a_gpu():
-    from harness.trainable import shape_key, shape_of, trainable_for
+    from harness.cluster.trainable import shape_key, shape_of, trainable_for
 
     static = {"network": "transformer", "hidden": (64, 64), "total_timesteps": 100}
     device = {"shapes": {shape_key(static): {"gpu": 0.3333, "config_batch": 5}}}
@@ -249,7 +249,7 @@ def test_embedded_ray__gets_the_cores_of_the_affinity_mask_not_the_machines(monk
 
     import ray
 
-    from harness import cluster
+    from harness.cluster import session as cluster
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 7}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)

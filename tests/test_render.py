@@ -1,4 +1,4 @@
-"""harness.render: a picture for every registered env, changing as the episode moves; the
+"""harness.reports.render: a picture for every registered env, changing as the episode moves; the
 adapters' envs drawn by their own libraries (bench/env_coverage.py checks every registry's).
 
 The GIF itself (one frame per step plus the first) is checked end to end in test_study.py.
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import envs
-from harness.render import RENDERERS
+from harness.reports.render import RENDERERS
 
 
 def test_render__every_registered_env_has_a_renderer():
@@ -42,7 +42,7 @@ def test_render__frames_have_one_size_and_follow_the_state(name):
 
 def test_render__a_brax_robot_is_drawn_from_its_states_and_follows_them():
     pytest.importorskip("brax")
-    from harness.render import brax_frames
+    from harness.reports.render import brax_frames
 
     assert os.environ.get("MUJOCO_GL") in ("egl", "osmesa"), "no libEGL or libOSMesa: install Mesa's EGL"
     env, params = envs.make("brax:inverted_pendulum")
@@ -67,8 +67,9 @@ def _keep_untrained_policy(folder, env_name, static):
     from flax import serialization
 
     from algos.ppo import PPOHParams
-    from harness.folder import ResultsFolder, StudyMeta
-    from harness.kernel import FINAL, TrialPlan, build_config, make_algo
+    from harness.kernel.compile import build_config, make_algo
+    from harness.kernel.plan import FINAL, TrialPlan
+    from harness.store.folder import ResultsFolder, StudyMeta
 
     ResultsFolder(folder).write_meta(StudyMeta(study="s", env=env_name, algo="ppo"))
     algo = make_algo(env_name, "ppo", build_config("ppo", static))
@@ -132,8 +133,8 @@ def test_play__a_long_episode_is_drawn_in_at_most_200_evenly_spaced_frames(steps
     or fewer frames; the GIF has them all (each captioned with its step, so none is merged)."""
     from PIL import Image
 
-    from harness import render
     from harness.play import Episode, _write_gif
+    from harness.reports import render
 
     given = []
 
@@ -152,7 +153,7 @@ def test_play__a_long_episode_is_drawn_in_at_most_200_evenly_spaced_frames(steps
 
 def test_render__an_env_its_library_cannot_draw_is_one_clear_error():
     pytest.importorskip("gymnax")
-    from harness.render import RenderError, state_frames
+    from harness.reports.render import RenderError, state_frames
 
     env, params = envs.make("gymnax:DeepSea-bsuite")
     _, state = jax.jit(env.reset)(jax.random.key(0), params)
@@ -162,7 +163,7 @@ def test_render__an_env_its_library_cannot_draw_is_one_clear_error():
 
 def test_render__a_classic_control_env_without_pygame_is_one_line_saying_what_to_install(monkeypatch):
     pytest.importorskip("gymnax")
-    from harness.render import RenderError, state_frames
+    from harness.reports.render import RenderError, state_frames
 
     env, params = envs.make("gymnax:Acrobot-v1")
     _, state = jax.jit(env.reset)(jax.random.key(0), params)
@@ -213,7 +214,7 @@ def test_render__no_opengl_for_mujoco_is_one_clear_error(tmp_path):
     import sys
 
     code = ("import jax, envs\n"
-            "from harness.render import RenderError, brax_frames\n"
+            "from harness.reports.render import RenderError, brax_frames\n"
             "env, params = envs.make('brax:inverted_pendulum')\n"
             "try:\n"
             "    brax_frames(env, [jax.jit(env.reset)(jax.random.key(0), params)[1]])\n"  # jitted: eager is slow

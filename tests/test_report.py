@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from harness import report
-from harness.records import write_json
+from harness.store.records import write_json
 
 
 @pytest.mark.parametrize("x", [[1, 2, 3, 100], list(range(1, 9)), [9, 2, 7, 3, 8, 1, 6, 5, 4, 0, 11, 10]])
@@ -110,7 +110,7 @@ def test_tensorboard__each_configuration_is_a_run_with_curves_and_hparams(tmp_pa
 
 
 def test_tensorboard__per_seed_curves_only_for_the_best_configurations(tmp_path, monkeypatch):
-    from harness import tensorboard
+    from harness.reports import tensorboard
 
     monkeypatch.setattr(tensorboard, "PER_SEED", 1)
     write_json(tmp_path / "study.json", {"study": "s", "direction": "maximize", "space": {"lr": "log"}})
@@ -280,7 +280,7 @@ def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_noth
     import os
     import sqlite3
 
-    from harness.records import disk_problem
+    from harness.store.records import disk_problem
 
     full = os.strerror(errno.ENOSPC)
     assert disk_problem(OSError(errno.ENOSPC, full)) == full
@@ -297,9 +297,10 @@ def test_disk_problem__names_a_full_or_read_only_disk_wherever_it_hides_and_noth
     # an unrecognised OSError or SQLite error counts only when the results folder refuses a write now
     assert disk_problem(OSError(errno.ENOENT, "No such file or directory"), tmp_path) is None
     assert disk_problem(ValueError("bad config"), tmp_path) is None
-    import harness.records
+    import harness.store.records
 
-    monkeypatch.setattr(harness.records, "writable", lambda folder: os.strerror(errno.EROFS))  # a read-only disk
+    # a read-only disk
+    monkeypatch.setattr(harness.store.records, "writable", lambda folder: os.strerror(errno.EROFS))
     assert disk_problem(OSError(errno.ENOENT, "No such file or directory"), tmp_path) == os.strerror(errno.EROFS)
     assert disk_problem(ValueError("bad config"), tmp_path) is None
     assert disk_problem(ValueError("bad config")) is None
@@ -319,7 +320,7 @@ def test_curves_plot__marks_where_each_lane_configuration_stopped_or_diverged(tm
     and the plot draws one mark per such configuration; those trained to the end have none."""
     import matplotlib.axes
 
-    from harness import plots
+    from harness.reports import plots
 
     nan = np.nan
     configs = pd.DataFrame({"config_id": ["a", "b", "c", "d"],

@@ -23,7 +23,7 @@ import pytest
 
 import studies
 from harness import report
-from harness.folder import ResultsFolder
+from harness.store.folder import ResultsFolder
 from tests.conftest import _ray_processes, listening, optimised, stop_ray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ def _timed_out_start(monkeypatch, times: int) -> tuple[list, list]:
 
 def test_cluster__a_local_ray_that_misses_its_startup_wait_is_started_again_without_the_first_try(
         monkeypatch):
-    from harness import cluster
+    from harness.cluster import session as cluster
 
     calls, left = _timed_out_start(monkeypatch, times=1)
     try:
@@ -144,7 +144,7 @@ def test_cluster__a_local_ray_that_misses_its_startup_wait_is_started_again_with
 
 
 def test_cluster__a_local_ray_that_never_starts_is_one_line_not_a_traceback(monkeypatch):
-    from harness import cluster
+    from harness.cluster import session as cluster
 
     calls, left = _timed_out_start(monkeypatch, times=2)
     try:
@@ -159,7 +159,7 @@ def test_cluster__a_local_ray_that_never_starts_is_one_line_not_a_traceback(monk
 
 
 def test_cluster__the_embedded_ray_has_its_dashboard_unless_told_otherwise(monkeypatch):
-    from harness import cluster
+    from harness.cluster import session as cluster
 
     calls, _ = _timed_out_start(monkeypatch, times=0)
     for value, wanted in ((None, True), ("1", True), ("0", False)):
@@ -178,7 +178,7 @@ def test_cluster__the_embedded_ray_has_its_dashboard_unless_told_otherwise(monke
 def test_asha__one_rung_in_the_middle_of_a_trial(chunks):
     from ray.tune.schedulers import ASHAScheduler
 
-    from harness.search_phase import halfway_rung
+    from harness.phases.search_phase import halfway_rung
 
     asha = ASHAScheduler(time_attr="training_iteration", metric="score", mode="max", max_t=chunks,
                          grace_period=halfway_rung(chunks), reduction_factor=2)
@@ -190,7 +190,7 @@ def test_asha__one_rung_in_the_middle_of_a_trial(chunks):
 
 def test_searcher__diverged_config_fails_in_optuna_while_sibling_completes(tmp_path):
     import studies
-    from harness.search import BatchedOptunaSearcher, open_study
+    from harness.search.searcher import BatchedOptunaSearcher, open_study
     from tests.driver import plan_maker
 
     study = studies.get("cartpole_ppo")
@@ -217,7 +217,7 @@ _WRITER = """
 import sys, time
 from pathlib import Path
 import optuna
-from harness.storage import storage
+from harness.search.storage import storage
 
 url, name, ready, go = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 ready.touch()
@@ -236,7 +236,7 @@ for i in range(25):
 _KILLED_AFTER_COMMITS = """
 import os, signal, sys
 import optuna
-from harness.storage import storage
+from harness.search.storage import storage
 study = optuna.create_study(study_name="s", storage=storage(sys.argv[1]))
 for i in range(5):
     study.tell(study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), float(i))
@@ -247,7 +247,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close, no checkpoint of the log into 
 
 def test_optuna_storage__commits_through_sqlites_log_survive_a_process_killed_right_after_them(tmp_path):
     """The study's SQLite file commits through a write-ahead log without waiting for the disk
-    (harness.storage.storage): a process SIGKILLed just after its tells loses none of them."""
+    (harness.search.storage.storage): a process SIGKILLed just after its tells loses none of them."""
     url = f"sqlite:///{tmp_path / 'db' / 'optuna.db'}"
     r = subprocess.run([sys.executable, "-c", _KILLED_AFTER_COMMITS, url], capture_output=True, text=True,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
@@ -255,7 +255,7 @@ def test_optuna_storage__commits_through_sqlites_log_survive_a_process_killed_ri
     assert "'optuna.db-wal'" in r.stdout  # the commits were in the log when it died
     trials = optuna.load_study(study_name="s", storage=url).trials
     assert [(t.state.name, t.value) for t in trials] == [("COMPLETE", float(i)) for i in range(5)]
-    from harness.storage import storage
+    from harness.search.storage import storage
 
     with storage(url).engine.connect() as c:  # this process's connections commit the same way
         assert c.exec_driver_sql("pragma journal_mode").scalar() == "wal"
@@ -264,7 +264,7 @@ def test_optuna_storage__commits_through_sqlites_log_survive_a_process_killed_ri
 
 def test_optuna_storage__opens_without_ray_or_jax():
     """Processes that only read or write a study's records (the writers below) start fast: no Ray, no JAX."""
-    code = "import sys, harness.storage; print(sorted({'ray', 'jax'} & set(sys.modules)))"
+    code = "import sys, harness.search.storage; print(sorted({'ray', 'jax'} & set(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
@@ -519,7 +519,9 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
     resumed = records[1]
     plan = settings_for(studies.get("cartpole_ppo"), tmp_path / "ref").plan(
         resumed["static"], [c["hparams"] for c in resumed["configs"]], seeds=resumed["seeds"], trial=1)
-    code = ("import json, sys; from harness.kernel import TrialPlan, run_trial\n"
+    code = ("import json, sys\n"
+            "from harness.kernel.plan import TrialPlan\n"
+            "from harness.kernel.runners import run_trial\n"
             "r = run_trial(TrialPlan(**json.loads(sys.argv[1])))\n"
             "print(json.dumps([r.scores.tolist(), r.final_returns.tolist(), [c.evals.tolist() for c in r.curves],"
             " r.env_steps]))")
@@ -564,7 +566,7 @@ def test_study__lanes_through_ray_refill_judge_and_resume_bit_for_bit_after_a_ki
     # bit for bit: the trial trained again from its record, in a process on the cores its worker had
     # (XLA's rounding depends on its thread count): the study's one trial took every core this test may
     # use (one under -n 2, each xdist worker pinned to its own; all of them under -n 0)
-    code = ("import json, sys; from harness.kernel import TrialPlan; from harness.lanes import replay\n"
+    code = ("import json, sys; from harness.kernel.plan import TrialPlan; from harness.lanes.trial import replay\n"
             "rec = json.load(open(sys.argv[1]))\n"
             "print(json.dumps(replay(TrialPlan(**rec['plan']), rec['configs'])))")
     (path,) = (root / "trials").glob("*.json")

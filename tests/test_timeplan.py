@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 import studies
-from harness import search_phase, summary, timeplan
-from harness.guard import DiskGuard
-from harness.progress import Progress
+from harness.driver import summary, timeplan
+from harness.driver.guard import DiskGuard
+from harness.driver.progress import Progress
+from harness.phases import search_phase
 from harness.space import StudyError
 from harness.study import main
 from tests.driver import CPU, FakeTune, settings_for, small
@@ -72,8 +73,8 @@ def test_search_phase__with_a_time_plan_proposes_trials_until_it_closes_and_is_n
     study = small(studies.get("cartpole_ppo"), trials=2, timesteps=20480)
     settings = settings_for(study, tmp_path, time="5m")
     settings, _ = settings.with_open_trials("cpu")
-    from harness import tuning
-    from harness.folder import ResultsFolder
+    from harness.cluster import tuning
+    from harness.store.folder import ResultsFolder
 
     fake = FakeTune(chunks=2)
     monkeypatch.setattr(tuning, "run", fake)
