@@ -96,8 +96,7 @@ class Progress:
 
     def tick(self, running: int, *, now: bool = False) -> None:
         """Every 15 s a line (``now``: this one at once), also while no trial has reported yet
-        (Ray's workers starting, the kernels compiling: on a GPU a minute or more with nothing
-        else to say)."""
+        (Ray's workers starting, the kernels compiling)."""
         at, now = now, time.monotonic()
         if now - self.last_print < THROUGHPUT_EVERY and not at:
             return

@@ -122,12 +122,10 @@ class Settings:
         return self.optuna_study or self.study.name
 
     def with_optuna_study(self, stored: StudyMeta | None, own_storage: bool) -> Settings:
-        """With the name of this results folder's Optuna study: the one its study.json names (the
-        study's name in a folder from before it was stored); for a new folder, the study's name, or
-        in a storage that already holds a study of that name (another folder's: ``--smoke``,
-        another ``--out``, a ``--fresh`` start), the first free ``NAME-2``, ``NAME-3``, ... (joined,
-        its trials would be marked failed as stale when this one starts, and its tells skipped).
-        ``own_storage``: the folder's own SQLite file, new with the folder, so nothing is asked.
+        """With the name of this results folder's Optuna study: the one its study.json names; for a
+        new folder, the study's name, or the first free ``NAME-2``, ``NAME-3``, ... in a storage that
+        already holds one of that name (another folder's, whose running trials this one would fail as
+        stale). ``own_storage``: the folder's own new SQLite file, so nothing is asked.
 
         Raises:
             StudyError: the storage cannot be opened.
@@ -148,14 +146,11 @@ class Settings:
         return dataclasses.replace(self, budgets={**self.budgets, key: budget}), budget
 
     def with_rounds(self, budget: Budget, slots: int, stored: StudyMeta | None) -> Settings:
-        """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy (the
-        slots the trials fit in) and leave room for each combination of the static choices (which
-        split trials), and no more than one per :data:`harness.lanes.trial.ROUNDS` of the budget's
-        trials, so its env steps go to as few lane-trial ends as the machine allows: in the
-        chunks before a lane trial's end a new configuration cannot finish, so they add
-        configurations seen at a rung, never one trained to the end (CartPole, 12 trials on 2 cores:
-        2 lane trials of 6 trained 26.7 configurations to the end, 4 of 3 trained 20; bench/RESULTS.md).
-        A resumed study keeps its own length."""
+        """With ``lanes``: as few lane trials as keep each of ``slots`` trials-at-a-time busy and
+        leave room for each combination of the static choices, and no more than one per
+        :data:`harness.lanes.trial.ROUNDS` of the budget's trials. Fewer, longer lane trials train
+        more configurations to the end, since a configuration started near a trial's end cannot
+        finish (bench/RESULTS.md). A resumed study keeps its own length."""
         if self.scheduler != "lanes":
             return self
         if stored is not None and stored.scheduler == "lanes" and stored.budget:
@@ -373,8 +368,7 @@ def _check_reachable(options: Options) -> None:
 
 def check_address(address: str) -> None:
     """That ``--address`` is ``auto``/``local``, or a host:port (``ray://`` too: Ray's client) that
-    accepts a connection now: said in one line at once, not after Ray's own timeouts (35 s for a
-    client).
+    accepts a connection now: said in one line at once, not after Ray's own timeouts.
 
     Raises:
         StudyError: neither (the cluster's session says it as a ``ClusterError``).
@@ -419,7 +413,7 @@ def resolve_budget(study: Study, options: Options, kind: str, stored: StudyMeta 
 def _smoke_statics(settings: Settings) -> Settings:
     """``--smoke``: the static (shape-changing) choices fixed at the control's values, so the whole
     smoke run (search trials, re-training, control) compiles one kernel shape, once; the searched
-    hyperparameters are still searched. (A Brax Ant smoke run: one Ant compile instead of two.)"""
+    hyperparameters are still searched."""
     statics = settings.static_names
     if not statics or len(statics) == len(settings.study.space):  # nothing else to search: keep them
         return settings

@@ -5,28 +5,19 @@ configuration when it stops.
 Two sides, one round trip per chunk per trial:
 
 - :class:`LaneBroker` owns the lanes' Optuna trials (in the driver's process or, under Ray, an
-  actor on the driver's node: ``harness.phases.search_phase``). Each lane's configuration is an Optuna
-  trial, told its objective so far after each of its chunks as intermediate values (up to 50,
-  evenly spaced, as a trial-level configuration's curve is); at each rung (``min_steps * eta**r``
-  env steps per seed) Optuna's ``SuccessiveHalvingPruner`` decides, against every configuration of the study
-  that reached that rung, whether it goes on (asynchronous successive halving; lanes reaching a
-  rung after the same chunk are judged together, as having reached it at once, so no lane's
-  index decides; a promoted one that the trial's end would cut short before its next judgement
-  stops there instead, its lane refilled while the trial has room for a new one). A stopped,
-  finished or diverged configuration is told to Optuna, and its lane gets a new proposal with
-  the trial's static values: TPE's, but about one in ``EXPLORE`` at random (as BOHB does: those
-  whose Optuna number is a multiple of ``EXPLORE``, so a resumed study asks the same way).
+  actor on the driver's node: ``harness.phases.search_phase``). Each lane's configuration is an
+  Optuna trial that reports its curve after each chunk; at each rung (``min_steps * eta**r`` env
+  steps per seed) Optuna's ``SuccessiveHalvingPruner`` judges it against every configuration of
+  the study that reached that rung, lanes of the same chunk together. An ended configuration is
+  told to Optuna and its lane gets a new proposal with the trial's static values: TPE's, but one
+  in ``EXPLORE`` at random, as in BOHB.
 - :class:`~harness.lanes.trial.LaneTrial` is the trial's side (inside its worker): after each chunk
-  it asks the broker, records the configurations that ended (with their own curves) and refills
-  their lanes on the device (``harness.kernel.runners.LaneRunner.refill``).
+  it asks the broker, records the configurations that ended and refills their lanes on the device
+  (``harness.kernel.runners.LaneRunner.refill``).
 
-Why the successive-halving pruner: it is asynchronous successive halving itself (a configuration
-is promoted at a rung when it is in the top 1/eta of those that reached it), it needs no
-brackets (Hyperband runs several successive-halving brackets with different first rungs, which a
-fixed-width kernel would fill with the same lanes), and Optuna's Wilcoxon pruner compares
-configurations instance by instance as they are evaluated one after another, where here every
-seed of a lane trains at once. The pruner's rung bookkeeping and the trials created outside the
-study's queue are Optuna's private names: :mod:`harness.search.optuna_private`.
+The successive-halving pruner is asynchronous successive halving itself and needs no brackets,
+which a fixed-width kernel would fill with the same lanes. The Optuna private names it relies on
+are in :mod:`harness.search.optuna_private`.
 """
 
 from __future__ import annotations
@@ -64,10 +55,8 @@ class LaneBroker:
                                                              min_early_stopping_rate=0)
         # its own sampler stream: the driver's searcher asks the same study for the trials' first lanes
         self.ostudy = open_study(study, storage, sampler=sampler, pruner=self.pruner, stream=1, name=name)
-        # BOHB's random fraction: TPE fitted on the survivors of early rungs exploits the region of the
-        # first configurations promoted, and a random proposal costs little where most are stopped at
-        # the first rung (1/eta**2 of a budget). Without it, a CartPole study's TPE never reached the
-        # region trial-level ASHA found (lr ~2e-3, gamma ~0.97) and settled 10 points under its answer.
+        # BOHB's random fraction: TPE fitted on early survivors stays near the first promoted region,
+        # and a random proposal is cheap where most stop at the first rung
         self.explore = None
         if sampler == "tpe":
             self.explore = open_study(study, storage, sampler="random", pruner=self.pruner, stream=2,
@@ -107,8 +96,7 @@ class LaneBroker:
         for r in lanes:
             t = self._trial(r["number"])
             told = self._told(t)
-            if told is not None:  # told before (by a broker before this one, or an answer this one no
-                # longer keeps): answer as it did
+            if told is not None:  # ended before (by an earlier broker, or an answer no longer kept)
                 if r["steps"] >= told["at"]:
                     ended[r["lane"]] = {"status": told["status"], "why": told["why"]}
                 continue
@@ -135,15 +123,8 @@ class LaneBroker:
                      going: list[tuple[Any, dict[str, Any]]]) -> None:
         """The lanes of one chunk at a rung (``judged``: value, Optuna trial, report): each stopped
         (into ``ended``) or going on (into ``going``)."""
-        # Lanes that reached a rung after the same chunk are judged together: Optuna's pruner compares
-        # a configuration with those that reached the rung before it, so judged one after another a
-        # lane went on for beating the lanes before it (in lane order, about 2 of a study's first 4,
-        # whatever their values; best first, only the best of a first batch). As ASHA reads "top
-        # 1/eta of those that reached the rung", each is judged with all of its batch counted, rung
-        # by rung: a lane whose chunk took it past two rungs is judged at the second with the lanes
-        # of its batch promoted at the first. Each starts at the rung Optuna judges it at (the rungs
-        # it has passed there), which is the lane's own count unless a rung value could not be
-        # computed (then Optuna lags a rung).
+        # Each lane is judged rung by rung with its whole batch counted: judged one after another,
+        # a lane would go on merely for beating the lanes judged before it.
         values: dict[int, float] = {}  # Optuna number -> its value now
         at: dict[int, int] = {}  # Optuna number -> the first rung it is judged at
         top: dict[int, int] = {}  # Optuna number -> the last rung its env steps have passed
@@ -155,13 +136,12 @@ class LaneBroker:
                 verdicts[t.number] = verdict if verdict["at"] == r["steps"] else {"prune": False, "attrs": {}}
                 continue
             if r["steps"] not in frozen.intermediate_values:
-                t.report(value, step=int(r["steps"]))  # at a rung: reported, and Optuna's pruner judges
-            # its rung as the pruner counts them
+                t.report(value, step=int(r["steps"]))
+            # Optuna's rung count, a rung behind the lane's own where a rung value could not be computed
             values[t.number], at[t.number] = value, private.current_rung(private.latest(t))
             top[t.number] = r["rung"]  # its report's rung: the last its steps passed (none past the budget)
-        # the study's trials read once for the batch (from SQLite ~40 ms a read, per lane judged before),
-        # with the rung values of the batch's lanes judged so far (rung_attrs) and the rest of the batch
-        # at the rung being judged (_WithBatch)
+        # the study's trials read once per batch, not per lane: the pruner sees them with the batch's
+        # rung values so far (rung_attrs) and the rest of the batch at the rung being judged (_WithBatch)
         trials = self.ostudy.get_trials(deepcopy=False) if at else []
         rung_attrs: dict[int, dict[str, Any]] = {}
         new = {t.number: {"at": int(r["steps"]), "prune": False, "attrs": {}}
@@ -275,14 +255,12 @@ class LaneBroker:
 
 def _judge(pruner: Any, ostudy: Any, t: Any, step: int, rung: int, batch: dict[int, float], trials: list[Any],
            rung_attrs: dict[int, dict[str, Any]]) -> tuple[bool, dict[str, Any]]:
-    """Optuna's successive-halving ``pruner`` on the lane trial ``t`` at ``rung`` alone (its
-    value shown as reported at the rung's own ``step``: the pruner judges every rung up to the
-    step it is shown), with the other lanes that reached that rung after the same chunk
-    (``batch``) counted as having reached it. Returns (stopped there, the rung value the pruner
-    wrote). Nothing is written: the broker writes each lane's verdict before its rung values and
-    its tell (judged again after a kill, the trial's own rung value would count it a rung further
-    and promote it). ``trials``: the study's, read once per batch; ``rung_attrs``: the rung values
-    the batch's lanes hold so far (by Optuna number); the pruner reads nothing else."""
+    """Optuna's successive-halving ``pruner`` on the lane trial ``t`` at ``rung`` alone (its value
+    shown at the rung's own ``step``), the other lanes of its ``batch`` counted as having reached it.
+    ``trials``: the study's, read once per batch; ``rung_attrs``: the batch's rung values so far.
+
+    Returns (stopped there, the rung values the pruner wrote). Nothing is written to storage: the
+    broker writes the verdict first, so a lane judged again after a kill is not counted a rung further."""
     frozen = copy.copy(private.latest(t))
     frozen.intermediate_values = {step: batch[t.number]}  # its value now, as reported at its env steps
     frozen.system_attrs = {**frozen.system_attrs, **rung_attrs.get(t.number, {})}
@@ -334,16 +312,12 @@ class _WithBatch:
 
 
 class _StepView:
-    """A study as a sampler reads it while one broker step proposes its refills: the trials read
-    once at the step's first proposal (``snapshot``), with the step's own new trials
-    (``step_trials``) as they stand, the constant liar's running trials among them, and running
-    lanes that reported at a rung shown as pruned there (:func:`as_judged`). Optuna's TPE
-    reads the whole study for each parameter it samples; from SQLite, with a GPU's 64 lanes
-    running, that was ~40 ms a read and 5-9 s a step, measured (samplers read through
-    ``_get_trials`` alone; anything else passes to the study). Writes go to the study's storage
-    as before. Trials another process adds during the step (the driver's first lanes) are read
-    again at the next proposal (:meth:`LaneBroker._ask`); values they are given meanwhile are
-    not (storage reads would show them a moment sooner)."""
+    """A study as a sampler reads it while one broker step proposes its refills: the trials read once
+    at the step's first proposal (``snapshot``) plus the step's own new trials (``step_trials``), as
+    :func:`as_judged` shows them. TPE reads the whole study for each parameter it samples, too slow
+    from SQLite once per proposal (bench/RESULTS.md, "The lane broker's step"). Samplers read through
+    ``_get_trials`` alone; anything else, writes included, passes to the study. Trials another
+    process adds during the step are read again at the next proposal (:meth:`LaneBroker._ask`)."""
 
     def __init__(self, inner: Any, snapshot: list[Any], step_trials: list[Any]) -> None:
         self.inner, self._snapshot, self._step_trials = inner, snapshot, step_trials
@@ -361,15 +335,11 @@ class _StepView:
 
 
 def as_judged(trials: list[Any]) -> list[Any]:
-    """The study as the broker's samplers see it: a running lane that has been judged at a rung is
-    shown as a pruned trial with its values so far, so TPE ranks it with the configurations that
-    stopped at its rung (by value, behind those that went further) instead of as its constant
-    liar's worst value; running lanes with no rung value yet stay running (the liar spreads a
-    step's proposals). Lanes promoted at a rung are the study's best so far; counted as its worst,
-    they pushed TPE away from where the study was doing well, the more the wider the kernel (a GPU's
-    lane trials run hundreds at once). TPE ranks a pruned trial by its last intermediate value, so
-    each lane that is running or ended short of its budget shows its curve up to its last judgement
-    (none before its first): what the judgements saw, not the chunks reported for the curves."""
+    """The study as the broker's samplers see it: a running lane judged at a rung shows as a pruned
+    trial, so TPE ranks it by value with those stopped there rather than as the constant liar's worst
+    (promoted lanes are the study's best). Lanes not yet judged stay running, for the liar to spread a
+    step's proposals. A lane running or ended short of its budget shows its curve up to its last
+    judgement only, as TPE ranks a pruned trial by its last intermediate value."""
     out = []
     for t in trials:
         running = t.state == optuna.trial.TrialState.RUNNING

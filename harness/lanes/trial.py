@@ -65,9 +65,8 @@ class LaneTrial:
         """The lanes of ``plan`` (its ``lanes`` entry: ``static``, the static values as Optuna
         holds them; ``params``, each configuration's searched values; ``min_steps`` and ``eta``)."""
         spec = plan.lanes
-        # the rungs of the study's budget (as its Optuna pruner and the study's first lines count them),
-        # not of the chunks' rounding of it: 10M steps in chunks of 81,920 end at 9,994,240, under the
-        # third rung's 9,999,999, which dropped the rung at 1/3
+        # the rungs of the study's budget, as its pruner counts them: the chunks' rounding down of it
+        # can end just under the last rung and drop it
         budget = max(budget_steps, int(spec.get("budget", 0)))
         steps = rungs(int(spec["min_steps"]), budget, int(spec.get("eta", ETA)))
         first = zip(plan.config_keys, spec["params"], plan.hparams, strict=True)
