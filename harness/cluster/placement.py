@@ -296,9 +296,8 @@ def final_width(needed: int, configs: int, *, rounds: int, kernel_s: float | Non
     The search's width costs no compile (its executables are cached) and ``rounds`` kernels of
     ``kernel_s`` (a search trial's kernel time); a width of ``needed`` costs one compile
     (``compile_s``, a search trial's first compile) plus kernels estimated as ``needed / configs``
-    of that time (linear in lanes: exact on a CPU, optimistic on a GPU below saturation, where a
-    narrow kernel is rarely much faster, so a short kernel keeps the search's width). Without
-    timings the narrow width is taken.
+    of that time (optimistic on a GPU below saturation, so a short kernel keeps the search's
+    width). Without timings the narrow width is taken.
     """
     if needed >= configs:
         return configs

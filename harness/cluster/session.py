@@ -2,8 +2,8 @@
 shutting it down; a SIGTERM taken as Ctrl-C. (What each trial gets of the machine:
 :mod:`harness.cluster.placement`.)
 
-The embedded local Ray stays on 127.0.0.1 (RAY_FACTS.md: ``_node_ip_address`` alone is not
-enough; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every port on loopback, single node).
+The embedded local Ray stays on 127.0.0.1: ``_node_ip_address`` alone is not enough, and
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every port on loopback, single node (docs/cluster.md).
 ``ray.init`` runs before the driver uses JAX.
 """
 
@@ -113,8 +113,8 @@ def start(address: str | None, code_dir: str | None = None) -> tuple[str | None,
 
 
 def _dashboard_wanted() -> bool:
-    """The embedded Ray's dashboard, unless ``RL_HARNESS_DASHBOARD=0`` (it costs about 3 s of CPU
-    per start: the test suite's many short studies go without it)."""
+    """The embedded Ray's dashboard, unless ``RL_HARNESS_DASHBOARD=0`` (its start costs CPU: the
+    test suite's many short studies go without it)."""
     value = os.environ.get("RL_HARNESS_DASHBOARD", "1")
     if value not in ("0", "1"):
         raise ClusterError(f"RL_HARNESS_DASHBOARD must be 0 or 1, not {value!r}")
@@ -122,7 +122,7 @@ def _dashboard_wanted() -> bool:
 
 
 def _init_embedded(ray: Any, **kwargs: Any) -> Any:
-    """``ray.init`` for the embedded Ray, tried twice: Ray gives its raylet a fixed 30 s to
+    """``ray.init`` for the embedded Ray, tried twice: Ray gives its raylet a fixed time to
     register, which a loaded machine can miss (a bare ``Exception``: "The current node timed out
     during startup"). The processes a failed try started are stopped before the next; a second
     miss is raised as a ``RuntimeError``."""
@@ -278,11 +278,10 @@ def session(settings: Settings, folder: ResultsFolder) -> Iterator[tuple[str | N
 def terminate_as_interrupt(resume: str, grace: float = 20.0) -> Iterator[None]:
     """SIGTERM (``kill``, ``timeout``, a batch scheduler's stop) does what Ctrl-C does: whatever
     handles SIGINT at that moment (Tune's graceful stop while trials run, else KeyboardInterrupt),
-    so finished trials are kept and the driver says how to resume. A signal sent to the whole
-    process group also stops Ray's own processes (they block only SIGINT), and a graceful stop
-    would then wait on a dead cluster: after ``grace`` s the driver says the same and exits at
-    once (130), as a killed driver would, which the next run resumes. The block should end
-    after Ray is shut down. Main thread only."""
+    so finished trials are kept and the driver says how to resume. A signal to the whole process
+    group also stops Ray's own processes, which a graceful stop would wait on forever: after
+    ``grace`` s the driver says the same and exits at once (130). The block should end after Ray
+    is shut down. Main thread only."""
     def hard_exit() -> None:
         print(f"\ninterrupted; finished trials are saved. Resume with: {resume}", file=sys.stderr, flush=True)
         os._exit(130)

@@ -90,7 +90,7 @@ def _best(rows: list[list[float | None]], diverged: list[list[bool]], maximize: 
 class _Watchdog:
     """Ends the process if one step (a chunk, or a trial's setup) runs longer than ``limit`` s.
 
-    XLA on CPU has hung in a first call (RAY_FACTS.md); a dead worker makes Tune retry the
+    XLA on CPU has hung in a first call; a dead worker makes Tune retry the
     trial, and a trial that keeps failing is recorded as failed, instead of a study that
     waits forever. An idle worker (between trials) is never ended.
     """
@@ -330,9 +330,8 @@ class StudyTrial(tune.Trainable):
                 "kernel_seconds": result.kernel_seconds, "trial_seconds": time.perf_counter() - self.started}
 
 
-# What fails the same way on every retry: tracing, shape, type and value errors from the env, the
-# config or the algorithm (JAX's tracing errors are TypeErrors). Out of memory and lost workers or
-# nodes are retried by Tune.
+# What fails the same way on every retry (JAX's tracing errors are TypeErrors); out of memory and lost
+# workers or nodes are retried by Tune
 DETERMINISTIC: tuple[type[BaseException], ...] = (TypeError, ValueError, LookupError, AttributeError,
                                                    ArithmeticError, NotImplementedError, AssertionError, NameError)
 BOILERPLATE = ("For simplicity, JAX has removed its internal frames", "-----", "The above exception",

@@ -99,7 +99,7 @@ class GuardedSearcher(Searcher):
     which logs such errors and goes on. From then on it does nothing: the trials stopped on the
     way out are neither recorded nor told, so the next run adopts them, and it proposes no more
     (``FINISHED``: with no trial running, a searcher that answers None keeps Tune asking again
-    every second for up to 10 minutes before it looks at its stopper)."""
+    for minutes before it looks at its stopper)."""
 
     def __init__(self, searcher: Searcher, guard: DiskGuard, until: Callable[[], bool] | None = None) -> None:
         super().__init__(metric=searcher.metric, mode=searcher.mode)
@@ -242,9 +242,8 @@ class DiskErrorLog(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         err = record.exc_info[1] if record.exc_info else None
         if isinstance(err, FileNotFoundError) and "-tmp-" in str(err):
-            # Tune's race, not the disk: its state file was renamed from a temp name while the folder
-            # was copied (the README's study, final phase); the next save copies it, and studies
-            # resume from their own records, not Tune's state
+            # Tune's race, not the disk: its state file renamed from a temp name mid-copy; the next save
+            # copies it, and studies resume from their own records, not Tune's state
             return False
         found = self.guard.note(err, probe=False) or self.guard.note(record.getMessage(), probe=False)
         return not found

@@ -15,9 +15,8 @@ import numpy as np
 
 from harness.kernel.stats import OBJECTIVES
 
-# Key streams: (study seed, trial, stream, seed index) -> PRNG key. Training and evaluation use
-# different streams, so a configuration is scored on episodes it never trained on; the final
-# re-training of the best configurations uses streams of its own (fresh seeds).
+# Key streams (study seed, trial, stream, seed index): training and evaluation differ, so a configuration
+# is scored on episodes it never trained on; the final re-training has streams of its own (fresh seeds)
 SEARCH, FINAL = 0, 1
 CURVE_TAG = 7919  # evaluation after chunk k uses fold_in(fold_in(eval key, CURVE_TAG), k)
 PBT_TAG = 104729  # the exploit/explore step after chunk k uses fold_in(fold_in(trial key, PBT_TAG), k)
@@ -45,9 +44,8 @@ class TrialPlan:
     # hyperparameters changed between chunks (a PBT lineage replayed): [{"chunk": k, "hparams":
     # [C dicts]}], each applied after chunk k; None: fixed
     schedule: list[dict[str, Any]] | None = None
-    # each configuration's own key (its Optuna number): its keys derive from (study seed, key,
-    # stream, seed index) instead of the trial and its position, so it trains the same in any
-    # trial and lane (the lanes of harness.lanes); None: keyed by the trial
+    # each configuration's own key (its Optuna number), not the trial and its position, so it trains
+    # the same in any trial and lane (harness.lanes); None: keyed by the trial
     config_keys: list[int] | None = None
     # the trial's length in chunks when its lanes are refilled with new configurations as they
     # stop (each configuration still trains at most the config's num_chunks); None: num_chunks

@@ -120,8 +120,7 @@ class BatchedOptunaSearcher(Searcher):
             plan and Optuna trials) with ``resume_from``: their checkpoints, newest first.
         first_statics: static points (``{name: value}``) that trials take in turn, each until a
             trial that did not fail has it, before the sampler chooses (a lane study's few long
-            trials: each combination of the static choices trained once; left to TPE, 2 lane
-            trials drew the same one).
+            trials: each combination of the static choices trained once, which TPE may not do).
     """
 
     def __init__(self, study: Study, ostudy: optuna.Study, *, static_names: list[str],

@@ -21,15 +21,14 @@ def storage(url: str) -> optuna.storages.BaseStorage | str:
     """Optuna storage for ``url``. An SQLite file is shared safely by concurrent processes (several
     studies with one ``--storage``, optuna-dashboard reading): its tables are created under a file
     lock (processes creating them at once fail otherwise) and a write waits up to SQLITE_TIMEOUT s
-    for another's lock (SQLite's default is 5 s). Other URLs go to Optuna as they are.
+    for another's lock. Other URLs go to Optuna as they are.
 
     The file is in SQLite's write-ahead-log mode (kept in the file) and this process commits with
     ``synchronous=NORMAL``: a commit appends to the log without waiting for the disk, so a
     process killed at any point loses no committed write (the next opener reads the log); only
     an operating-system crash or power cut can lose the last commits, never corrupt the file.
-    In the default rollback-journal mode each commit created, synced and deleted a journal file:
-    0.8-1.3 ms a commit here against 0.02 ms, and a lane broker commits about 12 times a
-    configuration it judges or refills (``bench/lane_broker.py``)."""
+    The default rollback-journal mode creates, syncs and deletes a journal file per commit, and a
+    lane broker commits several times per configuration it judges or refills (``bench/lane_broker.py``)."""
     if not url.startswith("sqlite:///"):
         return url
     import sqlite3

@@ -5,6 +5,7 @@
     NAME/inflight/NNNN.json  a trial proposed and not yet recorded: what a resumed study needs to
                              go on with it (plan, points, Optuna trial numbers, Tune trial ids)
     NAME/final.json          the re-training of the best configurations and the control
+    NAME/ablation.json       the ablation path from the control to the best configuration
     NAME/optuna.db           the Optuna study (SQLite), unless --storage says otherwise
     NAME/tune/run-K/         Ray Tune's experiment folder of the K-th search run (mid-run kernel
     NAME/tune/final-K/       checkpoints of trials not yet recorded), and of the K-th re-training
