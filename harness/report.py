@@ -5,8 +5,9 @@
 writes ``reports/configs.csv`` (one row per configuration: hyperparameters, mean, std, IQM,
 bootstrap 95% CI over seeds, diverged, pruned, rank), ``reports/seeds.csv`` (configuration x
 seed), ``reports/curves.csv`` (configuration x seed x env step), ``reports/best.json``,
-``reports/importance.csv`` (harness/importance.py), ``reports/ablation.csv`` (harness/ablation.py),
-and the plots with ``reports/index.html`` (open it in a browser; see harness/plots.py).
+``reports/importance.csv`` (harness/reports/importance.py), ``reports/ablation.csv`` (the path run
+by harness/phases/ablation.py, tabled by harness/reports/ablation.py), and the plots with
+``reports/index.html`` (open it in a browser; see harness/reports/plots.py).
 """
 
 from __future__ import annotations

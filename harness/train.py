@@ -121,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         return jax.tree.map(lambda x: x[None], spec.hparams_cls.default(**{**hp_kw, **overrides}))
 
     hp = stacked({})
-    if args.config_key is not None:  # as harness.kernel keys a configuration of a study (config_keys)
+    if args.config_key is not None:  # the keys a study gives this configuration
         from harness.kernel.compile import config_keys
         from harness.kernel.plan import SEARCH
 

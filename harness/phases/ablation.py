@@ -2,20 +2,15 @@
 
     ablation = ablation.run(settings, folder, placement, guard)   # after the final phase
 
-Start from the default configuration (the control). First every hyperparameter that differs is
-switched on its own to the best configuration's value; then the path switches them in the
-order of those gains, each point adding the next one. Both passes run as one batch of kernels
-each (grouped by static config) on the first round of the final phase's fresh seeds, so every
-point is paired with every other by seed (common random numbers). It answers: how much did each
-hyperparameter gain on its own from the default, and in that order, how much did each add to
-the ones before it. A greedy path that re-ranks after every switch answers the second question
-conditionally too, at d(d+1)/2 - 1 candidates instead of 2d-2.
+First every hyperparameter that differs is switched alone from the default configuration (the
+control) to the best configuration's value; then the path switches them in the order of those
+gains, each point adding the next. Each pass is one batch of kernels on the first round of the
+final phase's fresh seeds, so every point is paired with every other by seed: 2d-2 candidates,
+where a greedy path re-ranking after every switch would cost d(d+1)/2 - 1.
 
-The path's two ends are the final phase's own runs of the control and of the best configuration
-(the same seeds: a run of them again would repeat them), so the path ends at the best
-configuration's re-evaluated score exactly. A study whose best configuration changed its
-hyperparameters during training (population-based training) has no path: there is no fixed
-value to switch to.
+The path's two ends are the final phase's own runs of the control and of the best configuration,
+so it ends at the best configuration's re-evaluated score exactly. A best configuration from
+population-based training has no fixed values to switch to, so no path.
 """
 
 from __future__ import annotations
@@ -138,7 +133,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
         def measure(points: dict[str, dict[str, Any]]) -> dict[str, Scores]:
             nonlocal kernels
             candidates = {n: candidate(settings, p, budget.timesteps) for n, p in points.items()}
-            # the first round of the final phase's seeds: paired with the ends, at a third or less of their cost
+            # the first round of the final phase's seeds: paired with the ends at a fraction of their cost
             plans, members = final_phase.final_plans(settings, budget, candidates, records, 1)
             kernels += len(plans)
             runs = final_phase.collect(plans, members, run(plans))

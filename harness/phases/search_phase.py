@@ -140,10 +140,8 @@ class BrokerHandle:
         from harness.lanes.broker import LaneBroker
         from harness.lanes.trial import serve_locally
 
-        # one name per study and storage: a resumed study's adopted trials find the broker under the
-        # name their plans hold (the killed driver's broker died with it). Names are scoped to the
-        # driver's Ray job: ray.init without a namespace puts each job in an anonymous namespace of
-        # its own, so two drivers of one study on one cluster each find their own broker
+        # one name per study and storage, so a resumed study's adopted trials find it by their plans; each
+        # Ray job has its own anonymous namespace, so two drivers on one cluster find their own broker
         digest = hashlib.sha1(settings.storage.encode()).hexdigest()[:10]
         self.name = f"rl-harness-lanes-{settings.optuna_name}-{digest}"
         spec = settings.lanes(budget, self.name) or {}
@@ -244,9 +242,8 @@ class RecordSink:
 
 def halfway_rung(chunks: int) -> int:
     """ASHA's grace period for a single rung in the middle of a ``chunks``-chunk trial. Tune's ASHA
-    puts a rung at every grace * 2**k below max_t, so the grace must exceed half of it:
-    ``chunks // 2`` also gave a rung at 2 * grace (chunk 24 of 25), where trials that had
-    nearly finished were stopped and went unranked."""
+    puts a rung at every grace * 2**k below max_t, so the grace must exceed half of it, or a
+    second rung near the end stops trials that had nearly finished."""
     return chunks // 2 + 1
 
 

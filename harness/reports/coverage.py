@@ -2,8 +2,8 @@
 
 :func:`probe` takes one env through exactly what a study does with it: ``envs.make`` and
 ``envs.check`` (as ``harness.study`` does before Ray starts), then one trial's kernel
-(:func:`harness.kernel.run_trial`: init, one chunk, evaluation over C x S lanes) at a tiny
-budget. ``bench/env_coverage.py`` sweeps every registry with it; the tests run a subset.
+(:func:`harness.kernel.runners.runner_for`: init, its chunks, evaluation over C x S lanes) at a
+tiny budget. ``bench/env_coverage.py`` sweeps every registry with it; the tests run a subset.
 """
 
 from __future__ import annotations

@@ -210,8 +210,8 @@ def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 3
             for state in states:  # each drawn on the viewer's own figure, which becomes pyplot's current one
                 try:
                     inner.inner.render(jax.tree.map(jnp.asarray, state.inner) if as_jax else state.inner)
-                except AttributeError:  # a viewer that updates JAX arrays (``.at``: Maze, PacMan); host
-                    if as_jax:          # arrays are otherwise faster (MMST's layout: 0.9 s a frame, 32 s)
+                except AttributeError:  # a viewer that updates JAX arrays (``.at``: Maze, PacMan)
+                    if as_jax:  # host arrays first: the other viewers draw them faster
                         raise
                     as_jax = True
                     inner.inner.render(jax.tree.map(jnp.asarray, state.inner))
@@ -244,9 +244,8 @@ def state_frames(env: Any, env_params: Any, states: list[Any], *, width: int = 3
                       f"{', '.join(f'{lib}:*' for lib in LIBRARIES)}")
 
 
-# gymnax's classic-control envs, ports of gymnasium's: gymnax's Visualizer draws them through
-# gym's ``render(mode=...)``, which gymnasium 1.x no longer has, so gymnasium draws them here as
-# gymnax meant it to (gymnax's own state and parameter mapping, ``gymnax.visualize.vis_gym``)
+# gymnax's classic-control envs: its Visualizer draws them through gym's ``render(mode=...)``, gone in
+# gymnasium 1.x, so gymnasium draws them here with gymnax's own mapping (``gymnax.visualize.vis_gym``)
 GYMNASIUM_DRAWN = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0")
 
 

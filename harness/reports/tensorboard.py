@@ -5,8 +5,8 @@
 Each configuration is a run named by its id with its training-return curve (``return/mean``
 over seeds, against env steps per seed) and its hyperparameters with its score, so the HPARAMS
 tab compares every configuration of the study; the ``PER_SEED`` best configurations also get a
-curve per seed (``return/seed_K``). (Per-seed curves for all of a GPU study's 1,024
-configurations were 1.7M scalars and took TensorBoardX ~100 s to write.)
+curve per seed (``return/seed_K``): per-seed curves for every configuration of a GPU study are
+slow to write (bench/RESULTS.md).
 """
 
 from __future__ import annotations
