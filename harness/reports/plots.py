@@ -212,6 +212,9 @@ pre.cmd{background:#f6f6f6;padding:.8em;font-size:12px;white-space:pre-wrap;word
 
 
 def _fmt(v: Any) -> str:
+    """A table cell: floats to 4 significant digits, missing values (None, NaN) blank."""
+    if v is None or isinstance(v, float) and math.isnan(v):
+        return ""
     if isinstance(v, float):
         return f"{v:.4g}"
     return html.escape(str(v))
@@ -245,9 +248,8 @@ def _mattered_html(images: dict[str, Path], ablation: pd.DataFrame | None, impor
     """The ablation path as a table beside its plot, then the importance beside its plot."""
     parts = []
     if ablation is not None and len(ablation) >= 2:
-        rows = [[r.param, r.value if isinstance(r.value, str) or not pd.isna(r.value) else "", r.mean,
-                 "" if pd.isna(r.gain) else r.gain,
-                 "" if pd.isna(r.gain_ci_low) else f"{r.gain_ci_low:+.3g} .. {r.gain_ci_high:+.3g}", r.seeds]
+        rows = [[r.param, r.value, r.mean, r.gain,
+                 None if pd.isna(r.gain_ci_low) else f"{r.gain_ci_low:+.3g} .. {r.gain_ci_high:+.3g}", r.seeds]
                 for r in ablation.itertuples()]
         parts.append("<h3>Ablation path: default to best, one switch at a time</h3><div class='pair'><div>"
                      + _table(["switch", "to", "score", "gain", "gain 95% CI", "seeds"], rows) + "</div>"
@@ -278,7 +280,7 @@ def index_html(folder: ResultsFolder, meta: StudyMeta, configs: pd.DataFrame, im
     by_stem = {p.stem: p for p in images}
     cols = [c for c in [*LEADERBOARD, *meta.space, *SCORES] if c in configs.columns]
     top = configs.head(20)[cols]
-    board = _table(cols, top.astype(object).where(top.notna(), "").to_numpy().tolist())
+    board = _table(cols, top.to_numpy().tolist())
     plots = "\n".join(f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in images
                       if p.stem not in ("ablation", "importance"))
     files = " ".join(f'<a href="{n}">{n}</a>' for n in ("best.json", "configs.csv", "seeds.csv", "curves.csv",
