@@ -74,7 +74,7 @@ def orthogonal(scale: float = 1.0) -> nn.initializers.Initializer:
     return init
 
 
-def _dense(features: int, scale: float = np.sqrt(2)) -> nn.Dense:
+def dense(features: int, scale: float = np.sqrt(2)) -> nn.Dense:
     return nn.Dense(features, kernel_init=orthogonal(scale))
 
 
@@ -87,7 +87,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for width in self.hidden:
-            x = ACTIVATIONS[self.activation](_dense(width)(x))
+            x = ACTIVATIONS[self.activation](dense(width)(x))
         return x
 
 
@@ -111,8 +111,8 @@ class ActorCritic(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array | None, jax.Array]:
         obs = obs.reshape(*obs.shape[: obs.ndim - self.obs_ndim], -1)
-        pi = _dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(obs))
-        value = _dense(1, 1.0)(MLP(self.hidden, self.activation)(obs))
+        pi = dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(obs))
+        value = dense(1, 1.0)(MLP(self.hidden, self.activation)(obs))
         log_std = None
         if not self.discrete:
             log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
@@ -170,8 +170,8 @@ class TransformerActorCritic(nn.Module):
         else:
             cells = obs.reshape(*lead, -1, obs.shape[-1])
         h = CellTransformer(self.embed_dim, self.num_heads, self.num_layers)(cells)
-        pi = _dense(self.action_dim, 0.01)(nn.relu(_dense(self.head_hidden)(h)))
-        value = _dense(1, 1.0)(nn.relu(_dense(self.head_hidden)(h)))
+        pi = dense(self.action_dim, 0.01)(nn.relu(dense(self.head_hidden)(h)))
+        value = dense(1, 1.0)(nn.relu(dense(self.head_hidden)(h)))
         return pi, None, value[..., 0]
 
 

@@ -117,7 +117,8 @@ class Study:
             library's (``brax:ant``), or one's own (``"my_package.envs:make_env"``). A study
             file may also hold the env itself: an ``envs.Environment`` instance or class, or a
             factory returning one or ``(env, params)``.
-        algo: a registered algorithm name (``ppo``, ``sac``).
+        algo: a built-in algorithm (``ppo``, ``sac``, ``pqn``), an installed one, or your own:
+            ``"module:attr"`` or ``"file.py:attr"`` naming an ``algos.AlgoSpec`` (a file beside the study file).
         config: static config fields fixed for the whole study.
         space: searched names -> distributions (static fields or hyperparameters).
         hparams: hyperparameter values fixed for the whole study (not searched).

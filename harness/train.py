@@ -62,7 +62,9 @@ def split_overrides(spec: Any, items: list[str]) -> tuple[dict, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser("python -m harness.train", __doc__)
-    parser.add_argument("--algo", default="ppo", help="ppo or sac (default ppo)")
+    parser.add_argument("--algo", default="ppo",
+                        help="ppo, sac, pqn, an installed one, or your own: module:attr or file.py:attr "
+                             "(default ppo)")
     parser.add_argument("--env", default="CartPole-v1", help="a registered environment")
     parser.add_argument("--seeds", type=int, default=4, help="seeds trained in one kernel")
     parser.add_argument("--seed", type=int, default=0,
@@ -110,9 +112,14 @@ def _run(args: argparse.Namespace) -> int:
     config_kw, hp_kw = split_overrides(spec, args.set)
     if args.timesteps is not None:
         config_kw["total_timesteps"] = args.timesteps
+    from algos.check import AlgoContractError, check
+
     try:
         config = spec.config_cls(**config_kw)
-        algo = spec.make(config, env, env_params)
+        algo = check(spec, env, env_params, config, trace=not algos.is_builtin(args.algo))
+        algo = algo or spec.make(config, env, env_params)
+    except AlgoContractError as err:
+        raise UsageError(str(err)) from None
     except ValueError as err:
         raise UsageError(f"{spec.name} on {args.env}: {err}") from None
     schedule = _schedule(args.schedule, spec, config.num_chunks) if args.schedule is not None else {}

@@ -3,7 +3,8 @@
 Built in: one module per study in this package, each defining ``STUDY``. Installed packages
 add theirs through the entry-point group ``rl_harness.studies`` (each entry point names a
 ``Study`` or a module defining ``STUDY``). ``get`` also accepts the path of a Python file that
-defines ``STUDY`` (a user's own study), whose env may be defined in that file or next to it.
+defines ``STUDY`` (a user's own study), whose env may be defined in that file or next to it, and
+whose algorithm may be a file beside it (``algo="my_algo.py:SPEC"``).
 """
 
 from __future__ import annotations
@@ -89,7 +90,17 @@ def load_file(path: Path) -> Study:
     study = getattr(module, "STUDY", None)
     if not isinstance(study, Study):
         raise StudyError(f"study file {path} must define STUDY = harness.space.Study(...)")
+    study = _with_algo_beside(study, path.resolve().parent)
     return dataclasses.replace(_with_env_name(study, f"{path.resolve()}:STUDY"), source=str(path.resolve()))
+
+
+def _with_algo_beside(study: Study, folder: Path) -> Study:
+    """``study`` with a relative ``algo="file.py:attr"`` made absolute when the file is beside the study
+    file (where a user keeps it), so any working directory and any worker finds it."""
+    where, sep, attr = study.algo.rpartition(":") if isinstance(study.algo, str) else ("", "", "")
+    if not sep or not where.endswith(".py") or Path(where).is_absolute() or not (folder / where).is_file():
+        return study
+    return dataclasses.replace(study, algo=f"{(folder / where).resolve()}:{attr}")
 
 
 def _with_env_name(study: Study, where: str) -> Study:

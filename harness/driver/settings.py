@@ -343,12 +343,20 @@ def resolve(study: Study, options: Options, *, stored: StudyMeta | None, folder:
     fields = set(settings.config_fields)
     for budget in dict.fromkeys(budgets.values()):
         validate(study, spec.config_cls, spec.hparams_cls, timesteps=budget.timesteps)
-    for point in static_points(study, fields):  # the algorithm takes this env (SAC: continuous actions)
+    from algos.check import check  # JAX
+
+    for i, point in enumerate(static_points(study, fields)):  # the algorithm takes this env (SAC: continuous)
         try:
-            spec.make(spec.config_cls(**settings.static_config(point, budgets["cpu"].timesteps)), env, env_params)
-        except ValueError as err:
+            config = spec.config_cls(**settings.static_config(point, budgets["cpu"].timesteps))
+            # a user's algorithm is traced as the kernel runs it (once: its code is the same at every point)
+            algo = (check(spec, env, env_params, config, trace=i == 0 and not algos.is_builtin(study.algo))
+                    or spec.make(config, env, env_params))
+        except ValueError as err:  # algos.check.AlgoContractError too
             raise StudyError(f"study {study.name}: {err}") from None
         if scheduler == "pbt":
+            if not algo.learner_fields:
+                raise StudyError(f"study {study.name}: population-based training copies a learner between "
+                                 f"configurations, and algo {study.algo} declares no Algo.learner_fields")
             validate_pbt(study, fields, configs_per_trial=budget.configs_per_trial,
                          chunks=min(settings.chunks(budget)))
     _check_reachable(options)  # last: the checks above need no network
