@@ -18,3 +18,11 @@ PPO = dict(
     clip_eps=Uniform(0.1, 0.3),
     ent_coef=LogUniform(1e-4, 3e-2),
 )
+
+PQN = dict(
+    lr=LogUniform(1e-4, 3e-3),
+    gamma=Uniform(0.95, 0.999),
+    td_lambda=Uniform(0.5, 0.95),
+    exploration_fraction=Uniform(0.1, 0.6),
+    eps_end=LogUniform(0.01, 0.2),
+)

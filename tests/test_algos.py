@@ -1,5 +1,5 @@
 """Algorithm math, probe environments and the kernel's promises (vmap, chunking, no recompile,
-divergence isolation) for PPO and SAC."""
+divergence isolation) for PPO, SAC and PQN."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import envs
-from algos import ppo, sac
+from algos import ppo, pqn, sac
 from algos.common import batched
 from algos.gae import gae
 from algos.networks import ActorCritic, CellTransformer, SACActor, TransformerActorCritic, TwinQ, orthogonal
@@ -23,7 +23,7 @@ from tests.probe_envs import PointAtTheCell, Probe
 
 
 def test_core_does_not_import_orchestrators():
-    code = "import envs, algos.ppo, algos.sac, sys; assert not {'ray', 'optuna', 'pandas'} & set(sys.modules)"
+    code = "import envs, algos.ppo, algos.sac, algos.pqn, algos.check, sys; assert not {'ray', 'optuna', 'pandas'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -64,6 +64,37 @@ def test_gae__truncation_bootstraps_but_termination_does_not():
     adv_term, _ = gae(terminated=ones > 0, done=ones > 0, **kw)
     assert float(adv_trunc[0, 0]) == pytest.approx(1 + 0.5 * 10)
     assert float(adv_term[0, 0]) == pytest.approx(1.0)
+
+
+def _q_lambda_numpy(rewards, next_q, terminated, done, gamma, lam):
+    g, out = next_q[-1], np.zeros(len(rewards))
+    for t in reversed(range(len(rewards))):
+        if terminated[t]:
+            g = rewards[t]
+        elif done[t] or t == len(rewards) - 1:  # cut by time, or the rollout's end: the greedy value alone
+            g = rewards[t] + gamma * next_q[t]
+        else:
+            g = rewards[t] + gamma * (lam * g + (1 - lam) * next_q[t])
+        out[t] = g
+    return out
+
+
+def test_q_lambda__matches_numpy_loop_with_terminated_and_truncated_steps():
+    rng = np.random.default_rng(0)
+    T = 12
+    rewards, next_q = rng.normal(size=T), rng.normal(size=T)
+    terminated = np.zeros(T, bool)
+    done = np.zeros(T, bool)
+    terminated[3] = done[3] = True
+    done[7] = True  # truncated
+    got = pqn.q_lambda_returns(*(jnp.asarray(x)[:, None] for x in (rewards, next_q, terminated, done)),
+                               jnp.float32(0.9), jnp.float32(0.7))
+    np.testing.assert_allclose(got[:, 0], _q_lambda_numpy(rewards, next_q, terminated, done, 0.9, 0.7),
+                               rtol=1e-5)
+    one = pqn.q_lambda_returns(*(jnp.asarray(x)[:, None] for x in (rewards, next_q, terminated, done)),
+                               jnp.float32(0.9), jnp.float32(0.0))  # lambda 0: one-step Q-learning targets
+    want = rewards + 0.9 * np.where(terminated, 0.0, next_q)
+    np.testing.assert_allclose(one[:, 0], want, rtol=1e-5)
 
 
 # ---- probes --------------------------------------------------------------------------------
@@ -142,6 +173,36 @@ def test_sac_probe__action_dependent_reward_gives_right_greedy_action():
     assert float(jnp.tanh(mean([-1.0]))[0]) == pytest.approx(-0.5, abs=0.1)
 
 
+PROBE_PQN = pqn.PQNConfig(num_envs=16, num_steps=8, num_minibatches=2, update_epochs=4,
+                          total_timesteps=16 * 8 * 150, updates_per_chunk=150, anneal_lr=False, hidden=(32, 32))
+
+
+def _train_pqn_probe(kind, **hp):
+    env = Probe(kind=kind, discrete=True)
+    algo = pqn.make(PROBE_PQN, env, env.default_params)
+    hparams = pqn.PQNHParams.default(lr=3e-3, **hp)
+    state = jax.jit(algo.init)(jax.random.key(0), hparams)
+    state, _ = jax.jit(algo.chunk)(state, hparams)
+    return lambda obs: pqn.QNetwork(2, PROBE_PQN.hidden).apply(state.params, jnp.array(obs, jnp.float32))
+
+
+def test_pqn_probe__constant_reward_q_is_one():
+    q = _train_pqn_probe("constant", eps_start=0.5, eps_end=0.5)  # both actions tried throughout
+    np.testing.assert_allclose(q([0.0]), [1.0, 1.0], atol=0.05)
+
+
+def test_pqn_probe__two_step_q_is_gamma():
+    q = _train_pqn_probe("two_step", gamma=0.9, td_lambda=0.5, eps_start=0.5, eps_end=0.5)
+    np.testing.assert_allclose(q([0.0]), [0.9, 0.9], atol=0.05)
+    np.testing.assert_allclose(q([1.0]), [1.0, 1.0], atol=0.05)
+
+
+def test_pqn_probe__action_dependent_reward_gives_right_greedy_action():
+    q = _train_pqn_probe("action")
+    assert int(jnp.argmax(q([1.0]))) == 1 and int(jnp.argmax(q([-1.0]))) == 0
+    np.testing.assert_allclose([q([1.0])[1], q([-1.0])[0]], [1.0, 1.0], atol=0.1)
+
+
 # ---- the kernel's promises -----------------------------------------------------------------
 
 SMALL_PPO = ppo.PPOConfig(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2,
@@ -149,12 +210,17 @@ SMALL_PPO = ppo.PPOConfig(num_envs=4, num_steps=32, num_minibatches=2, update_ep
 SMALL_SAC = sac.SACConfig(num_envs=2, buffer_size=1000, batch_size=32, learning_starts=64,
                           updates_per_step=2, total_timesteps=400, steps_per_chunk=10,
                           hidden=(32, 32))
+SMALL_PQN = pqn.PQNConfig(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2,
+                          total_timesteps=4 * 32 * 8, updates_per_chunk=2)
 
 
 def _setup(name):
     if name == "ppo":
         env, params = envs.make("CartPole-v1")
         return ppo.make(SMALL_PPO, env, params), ppo.PPOHParams.default, "lr"
+    if name == "pqn":
+        env, params = envs.make("CartPole-v1")
+        return pqn.make(SMALL_PQN, env, params), pqn.PQNHParams.default, "lr"
     env, params = envs.make("Pendulum-v1")
     return sac.make(SMALL_SAC, env, params), sac.SACHParams.default, "critic_lr"
 
@@ -175,7 +241,7 @@ def _close(a, b, **kw):
 
 
 @pytest.mark.xla_emitters  # two programs compared: the vmapped kernel and one configuration x seed
-@pytest.mark.parametrize("algo_name", ["ppo", "sac"])
+@pytest.mark.parametrize("algo_name", ["ppo", "sac", "pqn"])
 def test_kernel__vmapped_configs_by_seeds_equals_one_at_a_time(algo_name):
     algo, default, lr = _setup(algo_name)
     lrs = [3e-4, 1e-3]
@@ -196,21 +262,21 @@ def test_kernel__vmapped_configs_by_seeds_equals_one_at_a_time(algo_name):
             pick = lambda t: jax.tree.map(lambda x: x[c, s], t)
             np.testing.assert_array_equal(jax.random.key_data(pick(state).key),
                                           jax.random.key_data(st.key))
-            params_of = (lambda t: t.params) if algo_name == "ppo" else (lambda t: (t.actor, t.critic))
+            params_of = (lambda t: (t.actor, t.critic)) if algo_name == "sac" else (lambda t: t.params)
             _close(params_of(pick(state)), params_of(st), rtol=1e-4, atol=1e-5)
             _close(pick(metrics), m, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("algo_name", ["ppo", "sac"])
+@pytest.mark.parametrize("algo_name", ["ppo", "sac", "pqn"])
 def test_kernel__init_plus_chunks_equals_one_long_chunk(algo_name):
-    env_name = "CartPole-v1" if algo_name == "ppo" else "Pendulum-v1"
+    env_name = "Pendulum-v1" if algo_name == "sac" else "CartPole-v1"
     env, params = envs.make(env_name)
-    mod, cfg = (ppo, SMALL_PPO) if algo_name == "ppo" else (sac, SMALL_SAC)
-    field = "updates_per_chunk" if algo_name == "ppo" else "steps_per_chunk"
+    mod, cfg = {"ppo": (ppo, SMALL_PPO), "sac": (sac, SMALL_SAC), "pqn": (pqn, SMALL_PQN)}[algo_name]
+    field = "steps_per_chunk" if algo_name == "sac" else "updates_per_chunk"
     k = getattr(cfg, field)
     short = mod.make(cfg, env, params)
     long = mod.make(cfg.__class__(**{**cfg.__dict__, field: 3 * k}), env, params)
-    hp = (ppo.PPOHParams if algo_name == "ppo" else sac.SACHParams).default()
+    hp = {"ppo": ppo.PPOHParams, "sac": sac.SACHParams, "pqn": pqn.PQNHParams}[algo_name].default()
     s1 = jax.jit(short.init)(jax.random.key(5), hp)
     parts = []
     for _ in range(3):
@@ -221,7 +287,7 @@ def test_kernel__init_plus_chunks_equals_one_long_chunk(algo_name):
     _close(_arrays(s1), _arrays(s2), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("algo_name", ["ppo", "sac"])
+@pytest.mark.parametrize("algo_name", ["ppo", "sac", "pqn"])
 def test_kernel__changing_hyperparameter_values_does_not_recompile(algo_name):
     algo, default, lr = _setup(algo_name)
     chex.clear_trace_counter()
@@ -232,7 +298,7 @@ def test_kernel__changing_hyperparameter_values_does_not_recompile(algo_name):
         state, _ = chunk(state, hp)
 
 
-@pytest.mark.parametrize("algo_name", ["ppo", "sac"])
+@pytest.mark.parametrize("algo_name", ["ppo", "sac", "pqn"])
 def test_kernel__diverging_config_is_flagged_and_siblings_are_untouched(algo_name):
     algo, default, lr = _setup(algo_name)
     good, bad = default(**{lr: 1e-3}), default(**{lr: 1e3})
@@ -286,6 +352,18 @@ def test_masked_ppo__unmasked_run_takes_illegal_actions():
     m = _dungeon_ppo(use_action_mask=False, lr=0.0, updates=2)
     assert float(m.illegal_actions.mean()) > 0.5
     np.testing.assert_allclose(m.entropy, np.log(dungeon.NUM_ACTIONS), atol=0.01)
+
+
+def test_masked_pqn__acts_only_legally_exploring_or_greedy_and_unmasked_does_not():
+    env, p = envs.make("DungeonCrawl-v1")
+    for use_mask, check in ((True, lambda x: x == 0.0), (False, lambda x: x > 0.5)):
+        config = pqn.PQNConfig(num_envs=64, num_steps=64, num_minibatches=4, update_epochs=1,
+                               total_timesteps=64 * 64 * 12, updates_per_chunk=12, use_action_mask=use_mask)
+        algo = pqn.make(config, env, p)
+        hp = pqn.PQNHParams.default(exploration_fraction=0.5)  # epsilon from 1 to 0.05: random and greedy
+        _, m = jax.jit(algo.chunk)(algo.init(jax.random.key(0), hp), hp)
+        assert check(float(m.illegal_actions.max() if use_mask else m.illegal_actions.mean())), m.illegal_actions
+    assert float(m.epsilon[0]) == 1.0 and float(m.epsilon[-1]) < 0.2
 
 
 # The default suite's transformer learning test, Snake 6x6 (tests/test_learning.py) being too noisy across CPUs;

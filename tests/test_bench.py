@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = {
     "ppo_cartpole.py": (["--seeds", "1", "2", "--timesteps", "2048", "--hlo", "{tmp}"], "ratio us/rejax:"),
     "sac_pendulum.py": (["--seeds", "1", "--timesteps", "1500"], "ratio us/rejax:"),
+    "pqn_cartpole.py": (["--seeds", "1", "--timesteps", "4096"], "ratio us/rejax:"),
     "env_steps.py": (["--envs", "1", "8", "--size", "6", "--steps", "400"], "ratio snake us/jumanji:"),
     "profile_ppo.py": (["--updates", "2"], "sum"),
     "report_scale.py": (["--trials", "2", "--configs", "12", "--seeds", "2", "--chunks", "3"],

@@ -31,7 +31,8 @@ TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "1", "--timestep
 NO_FINAL = ["--top-k", "0"]  # for promises about the search (faults, resume): the final phase has its own tests
 
 
-STUDY_NAMES = ["ant_ppo", "cartpole_ppo", "cartpole_sac", "dungeon_ppo", "pendulum_sac", "snake_ppo"]
+STUDY_NAMES = ["ant_ppo", "breakout_pqn", "cartpole_ppo", "cartpole_pqn", "cartpole_sac", "dungeon_ppo", "pendulum_sac",
+               "snake_ppo"]
 
 
 def _study(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -55,8 +56,8 @@ def _write_study(path: Path, body: str) -> Path:
 
 def test_study_cli__unknown_study_lists_known_ones(tmp_path):
     _one_error_line(_study("nope", "--out", str(tmp_path)),
-                    "unknown study 'nope'; known studies: ant_ppo, cartpole_ppo, cartpole_sac, dungeon_ppo, "
-                    "pendulum_sac, snake_ppo")
+                    "unknown study 'nope'; known studies: ant_ppo, breakout_pqn, cartpole_ppo, cartpole_pqn, "
+                    "cartpole_sac, dungeon_ppo, pendulum_sac, snake_ppo")
 
 
 def test_study_cli__search_space_that_cannot_work(tmp_path):
