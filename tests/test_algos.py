@@ -23,7 +23,8 @@ from tests.probe_envs import PointAtTheCell, Probe
 
 
 def test_core_does_not_import_orchestrators():
-    code = "import envs, algos.ppo, algos.sac, algos.pqn, algos.check, sys; assert not {'ray', 'optuna', 'pandas'} & set(sys.modules)"
+    code = ("import envs, algos.ppo, algos.sac, algos.pqn, algos.check, sys; "
+            "assert not {'ray', 'optuna', 'pandas'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -31,8 +31,8 @@ TINY = ["--trials", "3", "--configs-per-trial", "2", "--seeds", "1", "--timestep
 NO_FINAL = ["--top-k", "0"]  # for promises about the search (faults, resume): the final phase has its own tests
 
 
-STUDY_NAMES = ["ant_ppo", "breakout_pqn", "cartpole_ppo", "cartpole_pqn", "cartpole_sac", "dungeon_ppo", "pendulum_sac",
-               "snake_ppo"]
+STUDY_NAMES = ["ant_ppo", "breakout_pqn", "cartpole_ppo", "cartpole_pqn", "cartpole_sac", "dungeon_ppo",
+               "pendulum_sac", "snake_ppo"]
 
 
 def _study(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
