@@ -167,3 +167,15 @@ def test_records__a_malformed_file_in_a_folder_is_named_and_left_out_never_a_tra
     assert len(folder.unreadable()) == 3 and "Traceback" not in err
     assert report.main([str(tmp_path)]) == 0
     assert len((tmp_path / "reports" / "problems.txt").read_text().splitlines()) == 4  # its head line and 3
+
+
+def test_records__a_lane_trial_replays_from_its_typed_configurations_only_if_they_are_a_lane_trials():
+    from harness.lanes.trial import replay
+
+    searched = TrialRecord.from_dict({"trial": 0, "status": "complete", "seeds": 1, "configs": [
+        {"index": 0, "params": {}, "optuna_number": 0}]}, "0000.json")  # no lane, no started chunk
+    for configs in (searched.configs, [c.to_dict() for c in searched.configs]):
+        with pytest.raises(ValueError, match="replay needs each configuration's lane and started_chunk"):
+            replay(None, configs)
+    with pytest.raises(RecordsError, match="a recorded lane configuration is not a trial record's configuration"):
+        replay(None, [{"index": 0}])
