@@ -106,8 +106,8 @@ def run_study(path: Path, out: Path, method: str, budget: dict[str, int]) -> dic
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     folder = ResultsFolder(out / path.stem)
     records = folder.trials()
-    steps = sum(rec["env_steps"] * budget["configs"] * rec["seeds"] for rec in records)
-    evaluated = sum(1 for rec in records for c in rec["configs"] if c.get("status", rec["status"]) != "failed")
+    steps = sum(rec.env_steps * budget["configs"] * rec.seeds for rec in records)
+    evaluated = sum(1 for rec in records for c in rec.configs if rec.status_of(c) != "failed")
     answer = json.loads((folder.root / "reports" / "best.json").read_text())["reevaluation"] or {}
     best = answer.get("mean")
     return dict(configs=evaluated, env_steps=steps, best=float("nan") if best is None else best, wall_s=wall)

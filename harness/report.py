@@ -24,7 +24,14 @@ from harness.kernel.stats import bootstrap_ci, config_score, describe_objective,
 from harness.reports import ablation, importance, lineage
 from harness.space import label
 from harness.store.folder import ResultsFolder, as_folder
-from harness.store.records import RecordsError, config_id, write_json
+from harness.store.records import (
+    FinalConfig,
+    FinalRecord,
+    RecordsError,
+    TrialRecord,
+    config_id,
+    write_json,
+)
 
 
 def _param_columns(params: dict[str, Any]) -> dict[str, Any]:
@@ -37,30 +44,30 @@ def tables(where: ResultsFolder | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.
     meta = folder.meta()
     config_rows, seed_rows, curve_parts = [], [], []
     for rec in folder.trials():
-        for c in rec["configs"]:
-            cid = config_id(rec["trial"], c["index"])
-            status = c.get("status", rec["status"])  # a refilled lane's configuration has its own
-            scores = [np.nan if s is None else s for s in (c.get("scores") or [])]
-            diverged = c.get("diverged") or []
-            for s in range(rec["seeds"]):
+        for c in rec.configs:
+            cid = config_id(rec.trial, c.index)
+            status = rec.status_of(c)  # a refilled lane's configuration has its own
+            scores = [np.nan if s is None else s for s in (c.scores or [])]
+            diverged = c.diverged or []
+            for s in range(rec.seeds):
                 seed_rows.append(dict(
-                    config_id=cid, trial=rec["trial"], seed=s,
+                    config_id=cid, trial=rec.trial, seed=s,
                     score=scores[s] if scores else np.nan,
                     diverged=bool(diverged[s]) if diverged else False,
                     status=status))
             finite = np.array([v for v in scores if np.isfinite(v)])
-            finals = np.array([v for v in (c.get("final_returns") or []) if v is not None], float)
+            finals = np.array([v for v in (c.final_returns or []) if v is not None], float)
             lo, hi = bootstrap_ci(finite)
             config_rows.append(dict(
-                config_id=cid, trial=rec["trial"], optuna_number=c["optuna_number"], status=status,
-                **_param_columns(c["params"]), seeds=rec["seeds"],
-                env_steps=c.get("env_steps", rec.get("env_steps", 0)),
+                config_id=cid, trial=rec.trial, optuna_number=c.optuna_number, status=status,
+                **_param_columns(c.params), seeds=rec.seeds,
+                env_steps=rec.env_steps_of(c),
                 mean=finite.mean() if len(finite) else np.nan,
                 std=finite.std(ddof=1) if len(finite) > 1 else np.nan,
                 iqm=iqm(finite), ci_low=lo, ci_high=hi,
                 final_return=finals.mean() if len(finals) else np.nan,
-                diverged=any(diverged), pruned=bool(c.get("pruned")),
-                **({"stopped": c.get("stopped", "")} if rec.get("lanes") else {})))
+                diverged=any(diverged), pruned=c.pruned,
+                **({"stopped": c.stopped} if rec.lanes else {})))
         curve_parts.append(_curves_of(rec))
     configs = pd.DataFrame(config_rows)
     curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame(columns=CURVE_COLUMNS)
@@ -102,11 +109,11 @@ def rank(configs: pd.DataFrame, curves: pd.DataFrame, metric: str, maximize: boo
 CURVE_COLUMNS = ["config_id", "seed", "env_steps", "episode_return", "eval_return"]
 
 
-def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
+def _curves_of(rec: TrialRecord) -> pd.DataFrame:
     """A trial record's curves, one row per (configuration, seed, chunk), built as arrays (a GPU
     study's records hold millions of points)."""
-    points = rec.get("curves", [])
-    if rec.get("lanes"):  # each configuration has its own curve (its lane's chunks)
+    points = rec.curves
+    if rec.lanes:  # each configuration has its own curve (its lane's chunks)
         return _lane_curves_of(rec)
     if not points:
         return pd.DataFrame(columns=CURVE_COLUMNS)
@@ -116,26 +123,26 @@ def _curves_of(rec: dict[str, Any]) -> pd.DataFrame:
 
     returns, evals = grid("returns"), grid("evals")
     k, c, s = returns.shape
-    ids = np.array([config_id(rec["trial"], i) for i in range(c)])
+    ids = np.array([config_id(rec.trial, i) for i in range(c)])
     steps = np.array([p["env_steps"] for p in points])
     return pd.DataFrame({"config_id": np.tile(np.repeat(ids, s), k), "seed": np.tile(np.arange(s), k * c),
                          "env_steps": np.repeat(steps, c * s), "episode_return": returns.reshape(-1),
                          "eval_return": evals.reshape(-1)})
 
 
-def _lane_curves_of(rec: dict[str, Any]) -> pd.DataFrame:
-    rows = [(config_id(rec["trial"], c["index"]), s, p["env_steps"], p["returns"][s], p["evals"][s])
-            for c in rec["configs"] for p in c.get("curve", []) for s in range(rec["seeds"])]
+def _lane_curves_of(rec: TrialRecord) -> pd.DataFrame:
+    rows = [(config_id(rec.trial, c.index), s, p["env_steps"], p["returns"][s], p["evals"][s])
+            for c in rec.configs for p in c.curve for s in range(rec.seeds)]
     frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)
     return frame.astype({"episode_return": float, "eval_return": float})
 
 
-def reevaluated_best(final: dict[str, Any], metric: str, maximize: bool) -> dict[str, Any]:
+def reevaluated_best(final: FinalRecord, metric: str, maximize: bool) -> FinalConfig:
     """The re-trained configuration (final.json) with the best re-evaluation: the study's answer."""
-    def key(c: dict) -> float:
-        value = config_score(c["scores"], c["diverged"], metric)
+    def key(c: FinalConfig) -> float:
+        value = config_score(c.scores, c.diverged, metric)
         return -np.inf if value is None else value * (1 if maximize else -1)
-    return max(final["configs"], key=key)
+    return max(final.configs, key=key)
 
 
 def best(folder: ResultsFolder, configs: pd.DataFrame) -> dict[str, Any] | None:
@@ -144,25 +151,25 @@ def best(folder: ResultsFolder, configs: pd.DataFrame) -> dict[str, Any] | None:
     final = folder.final()
     maximize, metric = meta.maximize, meta.metric
     how = ranked_by(metric, meta.objective, meta.threshold, meta.eval_policy)
-    if final and final["configs"]:
+    if final and final.configs:
         top = reevaluated_best(final, metric, maximize)
-        vals = np.array([v for v in top["scores"] or [] if v is not None], float)
+        vals = np.array([v for v in top.scores or [] if v is not None], float)
         # its search score: None where its trial's record can no longer be read (reports/problems.txt names it)
         searched = configs.set_index("config_id")[metric] if len(configs) else pd.Series(dtype=float)
-        score = searched.get(top["config_id"])
+        score = searched.get(top.config_id)
         lo, hi = bootstrap_ci(vals)
         return dict(
-            study=meta.study, config_id=top["config_id"], params=top["params"],
+            study=meta.study, config_id=top.config_id, params=top.params,
             metric=metric, search_score=None if score is None or pd.isna(score) else float(score),
             reevaluation=dict(mean=float(vals.mean()) if len(vals) else None, iqm=iqm(vals),
-                              final_return=_mean(top.get("final_returns")),
+                              final_return=_mean(top.final_returns),
                               std=float(vals.std(ddof=1)) if len(vals) > 1 else None,
-                              ci95=[lo, hi], seeds=len(top["scores"] or []), scores=top["scores"],
-                              diverged=any(top["diverged"] or []), failed=bool(top.get("failed"))),
+                              ci95=[lo, hi], seeds=len(top.scores or []), scores=top.scores,
+                              diverged=any(top.diverged or []), failed=top.failed),
             objective=meta.objective, ranked_by=how,
-            tuned_vs_default=tuned_vs_default(top, final.get("control"), metric, maximize, meta.reference),
-            reproduce=dict(command=top.get("command"), plans=top.get("plans")),
-            candidates=[c["config_id"] for c in final["configs"]])
+            tuned_vs_default=tuned_vs_default(top, final.control, metric, maximize, meta.reference),
+            reproduce=dict(command=top.command, plans=top.plans),
+            candidates=[c.config_id for c in final.configs])
     if not len(configs) or configs["rank"].isna().all():
         return None
     row = configs.iloc[0]
@@ -171,7 +178,7 @@ def best(folder: ResultsFolder, configs: pd.DataFrame) -> dict[str, Any] | None:
                 note="the study has not finished its re-evaluation yet")
 
 
-def tuned_vs_default(tuned: dict[str, Any], control: dict[str, Any] | None, metric: str,
+def tuned_vs_default(tuned: FinalConfig, control: FinalConfig | None, metric: str,
                      maximize: bool, reference: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The tuned configuration against the control, both re-trained on the same fresh seeds:
     each one's score (``metric`` over seeds) with a bootstrap 95% CI, and the paired
@@ -180,23 +187,23 @@ def tuned_vs_default(tuned: dict[str, Any], control: dict[str, Any] | None, metr
     excludes 0 the other way (the default is better). With a ``reference`` (``{"label",
     "return"}``: random play's return, say), ``above_reference`` gives each mean's margin over
     it and the ratio of the margins (None unless the default's margin is positive)."""
-    if not control or control.get("failed") or tuned.get("failed"):
+    if not control or control.failed or tuned.failed:
         return None
 
-    def side(c: dict[str, Any]) -> dict[str, Any]:
-        vals = np.array([np.nan if v is None else v for v in c["scores"]], float)
+    def side(c: FinalConfig) -> dict[str, Any]:
+        vals = np.array([np.nan if v is None else v for v in c.scores or []], float)
         finite = vals[np.isfinite(vals)]
         lo, hi = bootstrap_ci(finite)
-        return dict(config_id=c["config_id"], score=config_score(c["scores"], c["diverged"], metric),
+        return dict(config_id=c.config_id, score=config_score(c.scores, c.diverged, metric),
                     mean=float(finite.mean()) if len(finite) else None, ci95=[lo, hi],
-                    diverged=any(c["diverged"] or []))
+                    diverged=any(c.diverged or []))
 
-    a = [np.nan if v is None else v for v in tuned["scores"]]
-    b = [np.nan if v is None else v for v in control["scores"]]
+    a = [np.nan if v is None else v for v in tuned.scores or []]
+    b = [np.nan if v is None else v for v in control.scores or []]
     diff, lo, hi = paired_difference(a, b)
     sign = 1.0 if maximize else -1.0
     paired = int(np.sum(np.isfinite(np.subtract(a, b))))
-    out = dict(tuned=side(tuned), default=dict(side(control), params=control["params"]),
+    out = dict(tuned=side(tuned), default=dict(side(control), params=control.params),
                difference=dict(mean=diff, ci95=[lo, hi], paired_seeds=paired),
                better=bool(np.isfinite(lo) and min(sign * lo, sign * hi) > 0),
                worse=bool(np.isfinite(lo) and max(sign * lo, sign * hi) < 0),
@@ -221,20 +228,19 @@ def _ratio(a: list[float], b: list[float]) -> float | None:
     return float(ma / mb) if np.isfinite(ma) and np.isfinite(mb) and mb > 0 else None
 
 
-def final_table(final: dict[str, Any] | None, metric: str) -> pd.DataFrame:
+def final_table(final: FinalRecord | None, metric: str) -> pd.DataFrame:
     """The re-training on fresh seeds (final.json): one row per re-trained configuration and the control."""
     rows = []
-    for role, c in [("tuned", c) for c in (final or {}).get("configs", [])] + (
-            [("default", final["control"])] if final and final.get("control") else []):
-        vals = np.array([v for v in c.get("scores") or [] if v is not None], float)
-        finals = np.array([v for v in c.get("final_returns") or [] if v is not None], float)
+    for role, c in [("tuned", c) for c in (final.configs if final else [])] + (
+            [("default", final.control)] if final and final.control else []):
+        vals = np.array([v for v in c.scores or [] if v is not None], float)
+        finals = np.array([v for v in c.final_returns or [] if v is not None], float)
         lo, hi = bootstrap_ci(vals)
-        rows.append(dict(config_id=c["config_id"], role=role, failed=bool(c.get("failed")),
-                         seeds=len(c.get("scores") or []), score=config_score(c.get("scores"), c.get("diverged"),
-                                                                              metric),
+        rows.append(dict(config_id=c.config_id, role=role, failed=c.failed,
+                         seeds=len(c.scores or []), score=config_score(c.scores, c.diverged, metric),
                          mean=vals.mean() if len(vals) else np.nan, ci_low=lo, ci_high=hi,
                          final_return=finals.mean() if len(finals) else np.nan,
-                         diverged=any(c.get("diverged") or []), **_param_columns(c.get("params", {}))))
+                         diverged=any(c.diverged or []), **_param_columns(c.params)))
     return pd.DataFrame(rows)
 
 
@@ -260,7 +266,7 @@ def build(where: ResultsFolder | Path, *, plots: bool = True) -> dict[str, Path]
         tables_["pbt"] = pbt
     if plots and len(imp := importance.table(configs, meta)):  # Optuna's evaluators: at the end only
         tables_["importance"] = imp
-    if (abl := folder.ablation()) and abl.get("steps"):
+    if (abl := folder.ablation()) and abl.steps:
         tables_["ablation"] = ablation.table(abl)
     paths = {name: folder.report(f"{name}.csv") for name in tables_}
     for name, df in tables_.items():

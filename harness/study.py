@@ -170,7 +170,7 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
                 print(line, flush=True)
             if plan:
                 print(plan.describe(budget.configs_per_trial, budget.seeds, budget.timesteps), flush=True)
-            before = {r["trial"] for r in folder.trials()}
+            before = {r.trial for r in folder.trials()}
             phases, mark = {}, time.monotonic()
             outcome = search_phase.run(settings, folder, place, guard, timeplan=plan)
             phases["search"], mark = time.monotonic() - mark, time.monotonic()
@@ -185,7 +185,7 @@ def execute(settings: Settings, folder: ResultsFolder, stored: StudyMeta | None)
             phases["ablation"] = time.monotonic() - mark
             paths = report.build(folder)
             total = time.monotonic() - started
-            searched = [r for r in folder.trials() if r["trial"] not in before]
+            searched = [r for r in folder.trials() if r.trial not in before]
             summary.show(paths, done=outcome.done, minutes=total / 60, ablation=folder.ablation(),
                          timing=summary.time_line(total, phases, searched, place.slots))
             return 0

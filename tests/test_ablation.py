@@ -4,6 +4,8 @@ stood in for (tests/test_driver.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,6 +18,7 @@ from harness.phases import ablation, final_phase
 from harness.reports import importance
 from harness.reports.ablation import table as ablation_table
 from harness.store.folder import StudyMeta
+from harness.store.records import AblationRecord
 from tests.driver import CPU, FakeTune
 from tests.test_driver import _final_kernels, _search
 
@@ -94,13 +97,13 @@ def test_ablation_path__orders_the_switches_by_their_gain_alone_and_ends_at_the_
                          lambda pts: {n: None if n == "b" else [-score(p, s) for s in range(4)]
                                       for n, p in pts.items()}, maximize=False)
     assert [s.param for s in flip] == [None, "a", "d", "c", "b"]
-    table = ablation_table({"maximize": True, "steps": [s.__dict__ for s in steps]})
+    table = ablation_table(AblationRecord(steps, maximize=True))
     assert list(table.param) == ["(default)", "a", "b", "d", "c"] and list(table.value) == ["", "1", "1", "1", "y"]
     assert table.gain.round(6).tolist()[1:] == [10.0, 1.0, 5.5, 0.0]  # paired by seed: the noise cancels
     assert (table.gain_ci_low.round(6) == table.gain.round(6)).iloc[1:].all()
     # inner points on fewer seeds than the ends: gains are paired over the seeds both have
-    short = [dict(s.__dict__, scores=s.scores[:2]) if 0 < s.step < 4 else s.__dict__ for s in steps]
-    table = ablation_table({"maximize": True, "steps": short})
+    short = [dataclasses.replace(s, scores=s.scores[:2]) if 0 < s.step < 4 else s for s in steps]
+    table = ablation_table(AblationRecord(short, maximize=True))
     assert table.gain.round(6).tolist()[1:] == [10.0, 1.0, 5.5, 0.0] and table.seeds.tolist() == [4, 2, 2, 2, 4]
 
 
@@ -125,29 +128,29 @@ def test_ablation__runs_after_the_final_phase_on_its_seeds_and_reports_the_path(
     before = len(seen)
     out = ablation.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
     best = report.reevaluated_best(final, "mean", True)
-    names = ablation.differing(final["control"]["params"], best["params"])
+    names = ablation.differing(final.control.params, best.params)
     assert "lr" in names and len(names) >= 3
-    steps = out["steps"]
-    assert [s["param"] for s in steps][:2] == [None, "lr"]  # only lr changes the score here
-    assert steps[0]["scores"] == final["control"]["scores"] and steps[-1]["scores"] == best["scores"]
-    assert steps[1]["tried"]["lr"] > max(v for k, v in steps[1]["tried"].items() if k != "lr")
+    steps = out.steps
+    assert [s.param for s in steps][:2] == [None, "lr"]  # only lr changes the score here
+    assert steps[0].scores == final.control.scores and steps[-1].scores == best.scores
+    assert steps[1].tried["lr"] > max(v for k, v in steps[1].tried.items() if k != "lr")
     # every ablation kernel: the final phase's first round of seeds (trial 0 of the FINAL stream)
     rounds = final_phase.rounds_of(settings, settings.budget("cpu"))
     assert rounds > 1 and {(p.trial, p.stream, p.seeds) for p in seen[before:]} == {(0, FINAL, 2)}
-    assert out["kernels"] == len(seen) - before > 0
+    assert out.kernels == len(seen) - before > 0
     if "num_minibatches" in names:  # a static choice: switching it needs a kernel of its own
-        want = {final["control"]["params"]["num_minibatches"], best["params"]["num_minibatches"]}
+        want = {final.control.params["num_minibatches"], best.params["num_minibatches"]}
         assert {p.config["num_minibatches"] for p in seen[before:]} == want
     assert ablation.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None  # up to date
     paths = report.build(folder)
     assert {"ablation", "ablation_png"} <= set(paths)
     table = pd.read_csv(paths["ablation"])
-    assert table["mean"].iloc[-1] == pytest.approx(np.mean(best["scores"]))
+    assert table["mean"].iloc[-1] == pytest.approx(np.mean(best.scores))
     assert table.gain.iloc[1] > 0 and (table.gain.iloc[2:].abs() < 1e-9).all()
     lines = summary.lines(paths, done=3, minutes=0.5, ablation=folder.ablation())
     path_line = next(ln for ln in lines if ln.startswith("ablation path (default "))
     assert ", lr +" in path_line or "): lr +" in path_line
-    assert f"; {out['kernels']} extra kernels, " in path_line and "(--no-ablation skips it)" in path_line
+    assert f"; {out.kernels} extra kernels, " in path_line and "(--no-ablation skips it)" in path_line
     assert lines[-1] == "hyperparameter importance needs at least 8 completed configurations; this study has 6"
     out_text = capsys.readouterr().out
     passes = 1 if len(names) <= 2 else 2
@@ -171,12 +174,12 @@ def test_ablation__a_best_configuration_with_a_pbt_schedule_has_no_path_and_says
     settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune())
     run_plans, seen = _final_kernels(tmp_path)
     final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
-    for c in final["configs"]:  # as population-based training leaves them: hyperparameters that change
-        c["schedule"] = [{"chunk": 1, "hparams": [c["hparams"]]}]
-    folder.write_final(final)
+    # as population-based training leaves them: hyperparameters that change
+    folder.write_final(dataclasses.replace(final, configs=[
+        dataclasses.replace(c, schedule=[{"chunk": 1, "hparams": [c.hparams]}]) for c in final.configs]))
     before = len(seen)
     assert ablation.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans) is None
-    assert len(seen) == before and "population-based training" in folder.ablation()["skipped"]
+    assert len(seen) == before and "population-based training" in folder.ablation().skipped
     assert "no ablation path: the best configuration changed its hyperparameters during training" in (
         capsys.readouterr().out)
     assert "ablation" not in report.build(folder)  # no path, no ablation.csv

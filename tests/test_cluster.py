@@ -155,19 +155,19 @@ def test_two_nodes__trials_run_on_both_and_a_killed_worker_raylet_moves_its_tria
         assert all(n.ip.is_loopback or n.ip in SUBNET or n.ip.is_link_local for n in nets), (ns, nets)
 
     records = ResultsFolder(out / "cartpole_ppo").trials()
-    assert sorted(r["trial"] for r in records) == [0, 1] and {r["status"] for r in records} == {"complete"}
-    moved = [r for r in records if r["nodes"] == [c.worker_ip, c.head_ip]]
-    assert len(moved) == 1, [(r["trial"], r["nodes"]) for r in records]  # moved to the head ...
+    assert sorted(r.trial for r in records) == [0, 1] and {r.status for r in records} == {"complete"}
+    moved = [r for r in records if r.nodes == [c.worker_ip, c.head_ip]]
+    assert len(moved) == 1, [(r.trial, r.nodes) for r in records]  # moved to the head ...
     resumed = moved[0]
-    assert resumed["resumed_after_chunk"] >= 1  # ... and went on from its checkpoint, not from step 0
-    assert [row["chunk"] for row in resumed["curves"]] == list(range(1, 5))  # every chunk's curve, once
-    assert {ip for r in records for ip in r["nodes"]} == {c.head_ip, c.worker_ip}
+    assert resumed.resumed_after_chunk >= 1  # ... and went on from its checkpoint, not from step 0
+    assert [row["chunk"] for row in resumed.curves] == list(range(1, 5))  # every chunk's curve, once
+    assert {ip for r in records for ip in r.nodes} == {c.head_ip, c.worker_ip}
 
     # no configuration counted twice, in Optuna or in the reports
     storage = f"sqlite:///{out / 'cartpole_ppo' / 'optuna.db'}"
     ostudy = optuna.load_study(study_name="cartpole_ppo", storage=storage)
     assert [t.state.name for t in ostudy.trials] == ["COMPLETE"] * 4
-    numbers = [cfg["optuna_number"] for r in records for cfg in r["configs"]]
+    numbers = [cfg.optuna_number for r in records for cfg in r.configs]
     assert sorted(numbers) == list(range(4))
     configs = pd.read_csv(out / "cartpole_ppo" / "reports" / "configs.csv")
     assert len(configs) == 4 and configs.config_id.is_unique

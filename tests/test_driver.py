@@ -30,7 +30,7 @@ from harness.kernel.plan import FINAL
 from harness.phases import final_phase, search_phase
 from harness.space import Budget, Categorical, Int, LogUniform, StudyError, Uniform
 from harness.store.folder import InFlight, ResultsFolder, StudyMeta, Unreadable
-from harness.store.records import RecordsError, write_json
+from harness.store.records import RecordsError, TrialRecord, write_json
 from tests.driver import CPU, FakeTune, settings_for, small
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,8 +92,8 @@ def test_folder__in_flight_entries_carry_their_checkpoints_newest_first_and_a_re
     entry, broken = f.inflight()
     assert entry.trial == 2 and entry.resume_from == (str(new), str(old))
     assert isinstance(broken, Unreadable) and broken.path.name == "0007.json" and "not valid JSON" in broken.error
-    f.record({"trial": 2, "tune_trial_id": "b", "status": "complete", "seeds": 1, "configs": []})
-    assert [r["trial"] for r in f.trials()] == [2]
+    f.record(TrialRecord(2, "complete", 1, [], tune_trial_id="b"))
+    assert [r.trial for r in f.trials()] == [2]
     assert not f.inflight_file(2).exists() and not new.exists() and old.exists()
 
 
@@ -342,8 +342,8 @@ def test_search_phase__records_every_trial_and_tells_optuna_each_configurations_
     _, folder, outcome = _search(tmp_path, monkeypatch, FakeTune(chunks=2))
     assert (outcome.done, outcome.total, outcome.interrupted) == (3, 3, False)
     records = folder.trials()
-    assert [(r["trial"], r["status"]) for r in records] == [(0, "complete"), (1, "complete"), (2, "complete")]
-    assert records[2]["configs"][1]["scores"] == [31.0, 31.0] and len(records[2]["curves"]) == 2
+    assert [(r.trial, r.status) for r in records] == [(0, "complete"), (1, "complete"), (2, "complete")]
+    assert records[2].configs[1].scores == [31.0, 31.0] and len(records[2].curves) == 2
     assert not list((folder.root / "inflight").glob("*"))
     trials = _optuna(folder)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 6
@@ -371,8 +371,8 @@ def test_search_phase__a_stopped_search_resumes_its_in_flight_trial_from_its_che
     out = capsys.readouterr().out
     assert "resuming: 1 trials recorded; in flight when stopped: trial 1 from its checkpoint" in out
     records = folder.trials()
-    assert [r["trial"] for r in records] == [0, 1, 2]
-    numbers = [c["optuna_number"] for r in records for c in r["configs"]]
+    assert [r.trial for r in records] == [0, 1, 2]
+    numbers = [c.optuna_number for r in records for c in r.configs]
     assert numbers == [0, 1, 2, 3, 4, 5]  # the in-flight trial kept its Optuna trials
     assert [t.state.name for t in _optuna(folder)] == ["COMPLETE"] * 6
     assert not list((folder.root / "inflight").glob("*"))
@@ -387,7 +387,7 @@ def test_search_phase__a_disk_that_fills_mid_search_stops_it_in_one_line_and_kee
     real = ResultsFolder.record
 
     def record(self, rec):
-        if rec["trial"] == 1:
+        if rec.trial == 1:
             raise OSError(code, words)
         real(self, rec)
 
@@ -395,7 +395,7 @@ def test_search_phase__a_disk_that_fills_mid_search_stops_it_in_one_line_and_kee
     with pytest.raises(StudyError, match=rf"\({words}\); the trials recorded so far \(1\) are intact"):
         _search(tmp_path, monkeypatch, FakeTune())
     folder = ResultsFolder(tmp_path / "cartpole_ppo")
-    assert [r["trial"] for r in folder.trials()] == [0]
+    assert [r.trial for r in folder.trials()] == [0]
     (entry,) = folder.inflight()  # neither recorded nor told: the next run adopts it
     assert entry.trial == 1 and [t.state.name for t in _optuna(folder)][2:] == ["RUNNING"] * 2
 
@@ -416,7 +416,7 @@ def test_search_phase__a_study_whose_every_trial_fails_the_same_way_stops_in_one
         _search(tmp_path, monkeypatch, fake)
     assert len(fake.configs) == 2  # of 3: the budget is not burnt
     folder = ResultsFolder(tmp_path / "cartpole_ppo")
-    assert [(r["status"], r["error"]) for r in folder.trials()] == [("failed", fake.error)] * 2
+    assert [(r.status, r.error) for r in folder.trials()] == [("failed", fake.error)] * 2
     assert f"[1/3] trial 0: FAILED: {fake.error}" in capsys.readouterr().out
 
 
@@ -499,15 +499,15 @@ def test_final_phase__the_top_configurations_and_the_control_train_on_the_same_f
     settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune())
     run_plans, seen = _final_kernels(tmp_path)
     final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
-    assert [c["config_id"] for c in final["configs"]] == ["t0002c1", "t0002c0", "t0001c1"]
-    control = final["control"]
-    assert control["config_id"] == "default" and control["params"] == settings.control(20480)[0]
+    assert [c.config_id for c in final.configs] == ["t0002c1", "t0002c0", "t0001c1"]
+    control = final.control
+    assert control.config_id == "default" and control.params == settings.control(20480)[0]
     rounds = -(-settings.study.final_seeds // 2)
-    keys = [(p["plan"]["trial"], p["plan"]["stream"], p["plan"]["seeds"]) for p in control["plans"]]
+    keys = [(p["plan"]["trial"], p["plan"]["stream"], p["plan"]["seeds"]) for p in control.plans]
     assert keys == [(r, FINAL, 2) for r in range(rounds)]
-    for c in final["configs"]:  # round r of every kernel: the same keys (common random numbers)
-        assert [(p["plan"]["trial"], p["plan"]["stream"], p["plan"]["seeds"]) for p in c["plans"]] == keys
-        assert len(c["scores"]) == rounds * 2 and f"--seeds {rounds * 2}" in c["command"]
+    for c in final.configs:  # round r of every kernel: the same keys (common random numbers)
+        assert [(p["plan"]["trial"], p["plan"]["stream"], p["plan"]["seeds"]) for p in c.plans] == keys
+        assert len(c.scores) == rounds * 2 and f"--seeds {rounds * 2}" in c.command
     assert folder.kept_policies() == ["t0001c1", "t0002c0", "t0002c1"]  # not the control's
     policy = json.loads((folder.policy_dir("t0002c1") / "policy.json").read_text())
     assert [s["seed"] for s in policy["seeds"]] == list(range(rounds * 2))
@@ -516,7 +516,7 @@ def test_final_phase__the_top_configurations_and_the_control_train_on_the_same_f
     text = folder.final_file.read_text()
     folder.final_file.write_text(text[: len(text) // 2])  # cut short (a full disk, a kill mid-write elsewhere)
     again = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)  # made again
-    assert again is not None and folder.final() == again and again["configs"] == final["configs"]
+    assert again is not None and folder.final() == again and again.configs == final.configs
     assert "final.json is not valid JSON" in capsys.readouterr().err
     # and the summary a study ends with, from the reports
     lines = summary.lines(report.build(folder), done=3, minutes=0.5)
@@ -545,7 +545,7 @@ def test_phases__population_based_training_is_kept_out_of_tpe_and_its_schedules_
     study = small(studies.get("cartpole_ppo"), trials=1, configs_per_trial=4, timesteps=30720)
     settings, folder, _ = _search(tmp_path, monkeypatch, FakeTune(copies={3: 0}), study=study, scheduler="pbt")
     (record,) = folder.trials()
-    assert record["pbt"] == settings.pbt() and [c["chunk"] for c in record["curves"] if c.get("pbt")] == [1]
+    assert record.pbt == settings.pbt() and [c["chunk"] for c in record.curves if c.get("pbt")] == [1]
     trials = _optuna(folder)
     assert {t.state.name for t in trials} == {"FAIL"}  # hyperparameters changed mid-run: kept out of TPE ...
     assert [t.user_attrs["pbt_value"] for t in trials] == [10.0, 11.0, 12.0, 13.0]  # ... but kept
@@ -556,14 +556,14 @@ def test_phases__population_based_training_is_kept_out_of_tpe_and_its_schedules_
     assert len(pbt) == 4 * 2 and pbt.copied.sum() == 1 and paths["pbt_png"].read_bytes()[:4] == b"\x89PNG"
     run_plans, _ = _final_kernels(tmp_path)
     final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
-    copied = next(c for c in final["configs"] if c["config_id"] == "t0000c3")
-    lr = record["configs"][0]["hparams"]["lr"]  # c3 trained with c0's network: c0's values, then its own
-    assert copied["hparams"]["lr"] == lr and copied["lineage"] == ["t0000c0", "t0000c3"]
-    assert copied["schedule"] == [{"chunk": 1, "hparams": {**record["configs"][0]["hparams"], "lr": 2 * lr}}]
-    assert copied["plans"][0]["plan"]["schedule"][0]["chunk"] == 1
-    assert f"--schedule {folder.schedule_file('t0000c3')}" in copied["command"]
-    assert json.loads(folder.schedule_file("t0000c3").read_text()) == copied["schedule"]
-    assert not any(c.get("schedule") for c in final["configs"] if c["config_id"] != "t0000c3")
+    copied = next(c for c in final.configs if c.config_id == "t0000c3")
+    lr = record.configs[0].hparams["lr"]  # c3 trained with c0's network: c0's values, then its own
+    assert copied.hparams["lr"] == lr and copied.lineage == ["t0000c0", "t0000c3"]
+    assert copied.schedule == [{"chunk": 1, "hparams": {**record.configs[0].hparams, "lr": 2 * lr}}]
+    assert copied.plans[0]["plan"]["schedule"][0]["chunk"] == 1
+    assert f"--schedule {folder.schedule_file('t0000c3')}" in copied.command
+    assert json.loads(folder.schedule_file("t0000c3").read_text()) == copied.schedule
+    assert not any(c.schedule for c in final.configs if c.config_id != "t0000c3")
 
 
 # -- empty and interrupted studies ------------------------------------------------------------------

@@ -790,7 +790,7 @@ def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_
     assert plan["lanes"]["static"]["num_minibatches"] in ("4", "8") and plan["lanes"]["min_steps"] == 20480 // 9
     assert lanes._LOCAL == {}  # the broker (served in this process: no Ray here) ended with the search
     (rec,) = folder.trials()
-    assert rec["status"] == "complete" and rec["plan"]["config_keys"] == [0, 1]
+    assert rec.status == "complete" and rec.plan["config_keys"] == [0, 1]
     told = optuna.load_study(study_name=study.name, storage=folder.optuna_url()).trials
     assert [t.value for t in told] == [10, 11]
     configs, seeds, curves = report.tables(folder)
@@ -806,12 +806,11 @@ def test_search_phase__lane_trials_are_planned_served_recorded_and_reported(tmp_
 
     run_plans, seen = _final_kernels(tmp_path)
     final = final_phase.run(settings, folder, CPU, DiskGuard(folder, ""), run_plans=run_plans)
-    assert [c["config_id"] for c in final["configs"]] == ["t0000c1", "t0000c0"]
-    by_index = {c["index"]: c for c in rec["configs"]}
-    assert [c["hparams"] for c in final["configs"]] == [by_index[1]["hparams"], by_index[0]["hparams"]]
-    assert final["control"]["params"] == settings.control(20480)[0]
-    keys = [[(p["plan"]["trial"], p["plan"]["stream"]) for p in c["plans"]] for c in [*final["configs"],
-                                                                                      final["control"]]]
+    assert [c.config_id for c in final.configs] == ["t0000c1", "t0000c0"]
+    by_index = {c.index: c for c in rec.configs}
+    assert [c.hparams for c in final.configs] == [by_index[1].hparams, by_index[0].hparams]
+    assert final.control.params == settings.control(20480)[0]
+    keys = [[(p["plan"]["trial"], p["plan"]["stream"]) for p in c.plans] for c in [*final.configs, final.control]]
     assert keys[0] == keys[1] == keys[2] and keys[0]
     lines = summary.lines(report.build(folder), done=1, minutes=0.5)
     assert lines[1].startswith("best: t0000c1 re-evaluated ") and lines[4].startswith("tuned vs default (auc): ")
@@ -853,10 +852,10 @@ def test_search_phase__a_lane_trial_that_fails_keeps_what_ended_and_tells_its_ru
     monkeypatch.setattr(tuning, "run", fake)
     search_phase.run(settings, folder, CPU, DiskGuard(folder, "resume"))
     (rec,) = folder.trials()
-    assert rec["status"] == "failed"
-    assert [(c["index"], c["status"]) for c in rec["configs"]] == [(0, "failed"), (1, "pruned"), (2, "failed")]
+    assert rec.status == "failed"
+    assert [(c.index, c.status) for c in rec.configs] == [(0, "failed"), (1, "pruned"), (2, "failed")]
     states = {t.number: t.state.name for t in optuna.load_study(study_name=study.name,
                                                                   storage=folder.optuna_url()).trials}
-    numbers = [c["optuna_number"] for c in rec["configs"]]
+    numbers = [c.optuna_number for c in rec.configs]
     assert [states[n] for n in numbers] == ["FAIL", "PRUNED", "FAIL"]  # none left RUNNING
-    assert rec["configs"][2]["params"]["num_minibatches"] == rec["static"]["num_minibatches"]
+    assert rec.configs[2].params["num_minibatches"] == rec.static["num_minibatches"]

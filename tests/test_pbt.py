@@ -137,13 +137,15 @@ def test_kernel__a_schedule_changes_hyperparameters_between_chunks():
 
 def test_lineage__a_configuration_inherits_the_schedule_of_the_networks_it_copied():
     from harness.reports import lineage
+    from harness.store.records import ConfigRecord, TrialRecord
 
     h = [{"lr": 0.1 * (i + 1)} for i in range(3)]
-    record = {"trial": 0, "pbt": {"interval": 4}, "configs": [{"hparams": x} for x in h],
-              "curves": [{"chunk": 4, "pbt": {"chunk": 4, "source": [0, 1, 0], "fitness": [3, 2, 1],
-                                              "hparams": [h[0], h[1], {"lr": 0.08}]}},
-                         {"chunk": 8, "pbt": {"chunk": 8, "source": [0, 2, 2], "fitness": [3, 1, 2],
-                                              "hparams": [h[0], {"lr": 0.1}, {"lr": 0.08}]}}]}
+    record = TrialRecord(0, "complete", 1, [ConfigRecord(i, {}, i, hparams=x) for i, x in enumerate(h)],
+                         pbt={"interval": 4},
+                         curves=[{"chunk": 4, "pbt": {"chunk": 4, "source": [0, 1, 0], "fitness": [3, 2, 1],
+                                                      "hparams": [h[0], h[1], {"lr": 0.08}]}},
+                                 {"chunk": 8, "pbt": {"chunk": 8, "source": [0, 2, 2], "fitness": [3, 1, 2],
+                                                      "hparams": [h[0], {"lr": 0.1}, {"lr": 0.08}]}}])
     initial, changes, chain = lineage.schedule(record, 1)
     # configuration 1's network began in 0, was copied into 2 after chunk 4, then into 1 after chunk 8
     assert chain == [0, 2, 1] and initial == h[0]

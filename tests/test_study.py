@@ -209,7 +209,7 @@ def test_searcher__diverged_config_fails_in_optuna_while_sibling_completes(tmp_p
     states = [t.state.name for t in ostudy.trials]
     assert states == ["COMPLETE", "FAIL", "COMPLETE"]
     assert [t.value for t in ostudy.trials if t.value is not None] == [2.0, 5.0]
-    assert records[0]["status"] == "complete" and records[0]["configs"][1]["diverged"] == [True, True]
+    assert records[0].status == "complete" and records[0].configs[1].diverged == [True, True]
 
 
 # -- end to end ------------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ def test_study__robot_study_smoke_runs(tmp_path, ray_env):  # test_locomotion.py
     r = _study("ant_ppo", "--smoke", "--trials", "1", *NO_FINAL, "--out", str(tmp_path), env=ray_env)
     assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "ant_ppo-smoke"
-    assert [rec["status"] for rec in ResultsFolder(root).trials()] == ["complete"]
+    assert [rec.status for rec in ResultsFolder(root).trials()] == ["complete"]
     best = json.loads((root / "reports" / "best.json").read_text())
     # a smoke budget checks the robot's trial runs to a real score, not learning (an untrained Ant scores by
     # standing); Brax's learning is tested on the inverted pendulum (tests/test_locomotion.py)
@@ -392,7 +392,7 @@ def test_study__population_based_training_end_to_end(tmp_path, ray_env):
     assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "cartpole_ppo"
     (record,) = ResultsFolder(root).trials()
-    events = [c["pbt"] for c in record["curves"] if c.get("pbt")]
+    events = [c["pbt"] for c in record.curves if c.get("pbt")]
     assert [e["chunk"] for e in events] == [4] and sum(s != i for i, s in enumerate(events[0]["source"])) == 1
     pbt = pd.read_csv(root / "reports" / "pbt.csv")
     assert len(pbt) == 4 * 2 and pbt.copied.sum() == 1
@@ -458,13 +458,13 @@ def _interrupt_then_resume(tmp_path, env, sig):
     records = ResultsFolder(root).trials()
     assert len(records) == 3
     assert all((root / "trials" / name).read_text() == text for name, text in kept.items())  # not re-run
-    resumed = [rec for rec in records if rec["trial"] in flying and f"{rec['trial']:04d}.json" not in kept]
+    resumed = [rec for rec in records if rec.trial in flying and f"{rec.trial:04d}.json" not in kept]
     assert resumed, (flying, kept)
     for rec in resumed:  # in flight when stopped: went on from its checkpoint, under its own number
-        assert rec["resumed_after_chunk"] >= 1, rec
-        assert len(rec["curves"]) == rec["curves"][-1]["chunk"]  # every chunk's curve, the restored ones too
+        assert rec.resumed_after_chunk >= 1, rec
+        assert len(rec.curves) == rec.curves[-1]["chunk"]  # every chunk's curve, the restored ones too
     ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
-    numbers = [c["optuna_number"] for rec in records for c in rec["configs"]]
+    numbers = [c.optuna_number for rec in records for c in rec.configs]
     assert len(numbers) == len(set(numbers)) == 6  # no configuration run or counted twice
     states = {t.number: t.state.name for t in ostudy.trials}
     assert {n: states[n] for n in numbers} == dict.fromkeys(numbers, "COMPLETE")
@@ -499,13 +499,13 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
     assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "a" / "cartpole_ppo"
     records = ResultsFolder(root).trials()
-    assert [rec["status"] for rec in records] == ["failed", "complete"]
+    assert [rec.status for rec in records] == ["failed", "complete"]
     assert "trial 0: FAILED" in r.stdout and "Trials did not complete" not in r.stdout + r.stderr  # not Tune's
     # its record and line say what failed (the worker died: Ray's words), as each retry's line did
-    assert "died" in records[0]["error"] and f"trial 0: FAILED: {records[0]['error']}" in r.stdout, r.stdout
+    assert "died" in records[0].error and f"trial 0: FAILED: {records[0].error}" in r.stdout, r.stdout
     assert (tmp_path / "crash-1-0").exists() and not (tmp_path / "crash-1-1").exists()
     assert len(list(tmp_path.glob("crash-0-*"))) == 3  # first attempt + 2 retries
-    assert records[1]["resumed_after_chunk"] == 1
+    assert records[1].resumed_after_chunk == 1
     assert not list((tmp_path / "a").rglob("kernel.msgpack"))  # recorded trials keep no kernel checkpoints
     ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
     assert [t.state.name for t in ostudy.trials][:2] == ["FAIL", "FAIL"]
@@ -519,7 +519,7 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
 
     resumed = records[1]
     plan = settings_for(studies.get("cartpole_ppo"), tmp_path / "ref").plan(
-        resumed["static"], [c["hparams"] for c in resumed["configs"]], seeds=resumed["seeds"], trial=1)
+        resumed.static, [c.hparams for c in resumed.configs], seeds=resumed.seeds, trial=1)
     code = ("import json, sys\n"
             "from harness.kernel.plan import TrialPlan\n"
             "from harness.kernel.runners import run_trial\n"
@@ -531,9 +531,9 @@ def test_study__killed_worker_resumes_from_its_checkpoint_and_one_that_keeps_fai
                            text=True, cwd=ROOT, env=ray_env, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
     assert whole.returncode == 0, whole.stderr[-3000:]
     scores, finals, evals, steps = json.loads(whole.stdout.splitlines()[-1])
-    assert [c["scores"] for c in resumed["configs"]] == scores
-    assert [c["final_returns"] for c in resumed["configs"]] == finals
-    assert [row["evals"] for row in resumed["curves"]] == evals and resumed["env_steps"] == steps
+    assert [c.scores for c in resumed.configs] == scores
+    assert [c.final_returns for c in resumed.configs] == finals
+    assert [row["evals"] for row in resumed.curves] == evals and resumed.env_steps == steps
 
 
 @pytest.mark.slow
@@ -549,19 +549,19 @@ def test_study__lanes_through_ray_refill_judge_and_resume_bit_for_bit_after_a_ki
     assert "scheduler: lanes: 1 trial, each as long as 2, its 2 lanes refilled" in r.stdout
     root = tmp_path / "a" / "cartpole_ppo"
     (rec,) = ResultsFolder(root).trials()
-    assert rec["status"] == "complete" and rec["resumed_after_chunk"] == 2 and (tmp_path / "crash-0-0").exists()
-    configs = rec["configs"]
-    assert len(configs) > 2 and [c["index"] for c in configs] == list(range(len(configs)))
+    assert rec.status == "complete" and rec.resumed_after_chunk == 2 and (tmp_path / "crash-0-0").exists()
+    configs = rec.configs
+    assert len(configs) > 2 and [c.index for c in configs] == list(range(len(configs)))
     ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
     states = {t.number: t.state.name for t in ostudy.trials}
-    assert sorted(states) == sorted(c["optuna_number"] for c in configs)  # every proposal ran and was told
+    assert sorted(states) == sorted(c.optuna_number for c in configs)  # every proposal ran and was told
     for c in configs:
-        assert states[c["optuna_number"]] == {"complete": "COMPLETE", "pruned": "PRUNED"}[c["status"]]
-        assert c["stopped"] and c["curve"][-1]["env_steps"] == c["env_steps"]
+        assert states[c.optuna_number] == {"complete": "COMPLETE", "pruned": "PRUNED"}[c.status]
+        assert c.stopped and c.curve[-1]["env_steps"] == c.env_steps
     table = pd.read_csv(root / "reports" / "configs.csv")
     assert len(table) == len(configs) and set(table.status) <= {"complete", "pruned"} and "stopped" in table
     # where its time went, through its checkpoint's restore too
-    assert rec["broker_seconds"] > 0 and rec["lanes_seconds"] > 0 and rec["kernel_seconds"] > 0
+    assert rec.broker_seconds > 0 and rec.lanes_seconds > 0 and rec.kernel_seconds > 0
     assert re.search(r"\(its lanes refilled: \d+ trained to the end, \d+ stopped early; [\d.]+ s in its kernel, "
                      r"[\d.]+ s waiting for the broker, [\d.]+ s judging and refilling\)", r.stdout), r.stdout
     # bit for bit: the trial trained again from its record, in a process on the cores its worker had
@@ -575,7 +575,7 @@ def test_study__lanes_through_ray_refill_judge_and_resume_bit_for_bit_after_a_ki
                            env=ray_env)
     assert again.returncode == 0, again.stderr[-3000:]
     for c, x in zip(configs, json.loads(again.stdout.splitlines()[-1]), strict=True):
-        assert x == {k: c[k] for k in x}, c["optuna_number"]
+        assert x == {k: getattr(c, k) for k in x}, c.optuna_number
 
 
 # In -m extended: the driver's side of a full disk (one line, the records intact, resume) is tested without Ray
@@ -617,10 +617,10 @@ def test_study__results_disk_full_mid_study_stops_in_one_line_and_resumes(tmp_pa
         assert f"resuming: {len(kept)} trials recorded" in r.stdout
         # (a proposal refused its inflight/ file when the disk failed never ran:
         records = ResultsFolder(root).trials()
-        assert len({rec["trial"] for rec in records}) == len(records) == 4  # its trial number is skipped)
-        assert {rec["status"] for rec in records} == {"complete"}
+        assert len({rec.trial for rec in records}) == len(records) == 4  # its trial number is skipped)
+        assert {rec.status for rec in records} == {"complete"}
         assert {k: v for k, v in recorded().items() if k in kept} == kept  # records already written: intact
-        numbers = [c["optuna_number"] for rec in records for c in rec["configs"]]
+        numbers = [c.optuna_number for rec in records for c in rec.configs]
         ostudy = optuna.load_study(study_name="cartpole_ppo", storage=f"sqlite:///{root / 'optuna.db'}")
         states = {t.number: t.state.name for t in ostudy.trials}
         assert len(numbers) == len(set(numbers)) == 8  # no configuration counted twice
@@ -673,7 +673,7 @@ def test_study__runs_on_an_existing_ray_cluster_whose_node_has_only_the_dependen
                    "--out", str(tmp_path / "out"), "--address", f"127.0.0.1:{port}",
                    env={**ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
         assert r.returncode == 0, r.stdout + r.stderr
-        assert [rec["status"] for rec in ResultsFolder(tmp_path / "out" / "side-smoke").trials()] == ["complete"]
+        assert [rec.status for rec in ResultsFolder(tmp_path / "out" / "side-smoke").trials()] == ["complete"]
         best = json.loads((tmp_path / "out" / "side-smoke" / "reports" / "best.json").read_text())
         assert best["search_score"] > 0.9  # 3 steps to the exit: 0.98 at best
     finally:  # by PID, this test's processes only: `ray stop` would stop every Ray on the machine

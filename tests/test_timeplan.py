@@ -11,6 +11,7 @@ from harness.driver.guard import DiskGuard
 from harness.driver.progress import Progress
 from harness.phases import search_phase
 from harness.space import StudyError
+from harness.store.records import TrialRecord
 from harness.study import main
 from tests.driver import CPU, FakeTune, settings_for, small
 
@@ -41,10 +42,10 @@ def test_time_plan__keeps_the_reserve_and_closes_the_search_when_a_trial_would_r
     assert p.planned_trials() == 2 * int((p.search_s() - 20) // p.trial_s())
     assert _plan(total_s=p.minimum_s() - 1).planned_trials() <= 2
     # the search's own trials replace the measurement taken alone (a lane trial's kernel is not one budget)
-    p.learn([{"status": "complete", "env_steps": 100, "kernel_seconds": 30.0},
-             {"status": "complete", "env_steps": 50, "kernel_seconds": 20.0},
-             {"status": "pruned", "env_steps": 50, "kernel_seconds": 1.0},
-             {"status": "complete", "env_steps": 100, "kernel_seconds": 1.0, "lanes": {"eta": 3}}], 100)
+    p.learn([TrialRecord(0, "complete", 1, [], env_steps=100, kernel_seconds=30.0),
+             TrialRecord(1, "complete", 1, [], env_steps=50, kernel_seconds=20.0),
+             TrialRecord(2, "pruned", 1, [], env_steps=50, kernel_seconds=1.0),
+             TrialRecord(3, "complete", 1, [], env_steps=100, kernel_seconds=1.0, lanes={"eta": 3})], 100)
     assert p.kernel_s == 35.0
 
 
@@ -98,7 +99,8 @@ def test_study_cli__time_mistakes_are_one_line_before_ray(tmp_path, capsys):
 
 
 def test_summary__says_where_the_time_went():
-    records = [{"compile_seconds": 20.0, "kernel_seconds": 40.0}, {"compile_seconds": 0.5, "kernel_seconds": 39.5}]
+    records = [TrialRecord(0, "complete", 1, [], compile_seconds=20.0, kernel_seconds=40.0),
+               TrialRecord(1, "complete", 1, [], compile_seconds=0.5, kernel_seconds=39.5)]
     line = summary.time_line(150.0, {"search": 70.0, "final": 20.0, "ablation": 30.0}, records, slots=2)
     # compile 20.5 / 2 slots, training 79.5 / 2, evaluating 50, waiting the rest (150 - 10.25 - 39.75 - 50)
     assert line == ("time: compiling 0.2 min (7%), training 0.7 min (26%), evaluating 0.8 min (33%), waiting "

@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.kernel.stats import config_value
 from harness.space import label
-from harness.store.records import config_id
+from harness.store.records import TrialRecord, config_id
 
 THROUGHPUT_EVERY = 15.0  # seconds between throughput lines
 
@@ -39,7 +38,7 @@ class Progress:
     """
 
     def __init__(self, total: int | None, *, metric: str, maximize: bool,
-                 records: list[dict[str, Any]] | None = None,
+                 records: list[TrialRecord] | None = None,
                  say: Callable[[str], None] = say) -> None:
         self.total, self.metric, self.maximize, self.say = total, metric, maximize, say
         self.best: tuple[float, str, dict[str, Any]] | None = None
@@ -52,34 +51,34 @@ class Progress:
             self._note_best(rec)
         self.done = len(records or [])
 
-    def _note_best(self, record: dict[str, Any]) -> None:
+    def _note_best(self, record: TrialRecord) -> None:
         sign = 1 if self.maximize else -1
-        for c in record["configs"]:
-            v = config_value(c, self.metric) if c.get("status", record["status"]) == "complete" else None
+        for c in record.configs:
+            v = c.value(self.metric) if record.status_of(c) == "complete" else None
             if v is not None and (self.best is None or sign * v > sign * self.best[0]):
-                self.best = (v, config_id(record["trial"], c["index"]), c["params"])
+                self.best = (v, config_id(record.trial, c.index), c.params)
 
-    def recorded(self, record: dict[str, Any]) -> None:
+    def recorded(self, record: TrialRecord) -> None:
         """A trial's record was written: one line saying how it ended and the study's best."""
         self.done += 1
-        self.steps_done += self.running.pop(record.get("tune_trial_id", ""), 0)
-        self.leading.pop(record.get("tune_trial_id", ""), None)
+        self.steps_done += self.running.pop(record.tune_trial_id, 0)
+        self.leading.pop(record.tune_trial_id, None)
         self._note_best(record)
-        values = [v for c in record["configs"] if (v := config_value(c, self.metric)) is not None]
+        values = [v for c in record.configs if (v := c.value(self.metric)) is not None]
         pick = max if self.maximize else min
-        n, lanes = len(record["configs"]), ""
-        if record.get("lanes"):
-            to_end = sum(c.get("status") == "complete" for c in record["configs"])
+        n, lanes = len(record.configs), ""
+        if record.lanes:
+            to_end = sum(c.status == "complete" for c in record.configs)
             lanes = (f" (its lanes refilled: {to_end} trained to the end, {n - to_end} stopped early"
                      f"{_lane_time(record)})")
         what = {"complete": f"best of its {n} configs {pick(values):.1f}{lanes}" if values
-                else f"no config trained to the end without diverging{lanes}" if record.get("lanes")
+                else f"no config trained to the end without diverging{lanes}" if record.lanes
                 else "all configs diverged",
                 "pruned": "stopped early by ASHA",
-                "failed": "FAILED" + (f": {record['error']}" if record.get("error") else "")}[record["status"]]
+                "failed": "FAILED" + (f": {record.error}" if record.error else "")}[record.status]
         best = (f" | study best {self.best[0]:.1f} ({self.best[1]}: {fmt_params(self.best[2])})"
                 if self.best else "")
-        self.say(f"[{self.done}{self._of}] trial {record['trial']}: {what}{best}")
+        self.say(f"[{self.done}{self._of}] trial {record.trial}: {what}{best}")
 
     @property
     def _of(self) -> str:
@@ -122,10 +121,10 @@ class Progress:
         self.say(f"  trial {trial}: {error}")
 
 
-def _lane_time(record: dict[str, Any]) -> str:
+def _lane_time(record: TrialRecord) -> str:
     """Where a lane trial's time went, where its record says: its kernel's chunks, the round
     trips to the broker, judging and refilling lanes between chunks."""
-    if "broker_seconds" not in record:
+    if record.broker_seconds is None:
         return ""
-    return (f"; {record.get('kernel_seconds', 0.0):.1f} s in its kernel, {record['broker_seconds']:.1f} s waiting "
-            f"for the broker, {record.get('lanes_seconds', 0.0):.1f} s judging and refilling")
+    return (f"; {record.kernel_seconds or 0.0:.1f} s in its kernel, {record.broker_seconds:.1f} s waiting "
+            f"for the broker, {record.lanes_seconds or 0.0:.1f} s judging and refilling")

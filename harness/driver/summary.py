@@ -13,10 +13,11 @@ import pandas as pd
 
 from harness.driver.progress import fmt_params
 from harness.reports import importance
+from harness.store.records import AblationRecord, TrialRecord
 
 
 def lines(paths: dict[str, Path], *, done: int, minutes: float,
-          ablation: dict[str, Any] | None = None, timing: str | None = None) -> list[str]:
+          ablation: AblationRecord | None = None, timing: str | None = None) -> list[str]:
     """The summary of a finished study from its report files (``report.build``'s paths) and
     its ablation.json (``ablation``: what it cost); ``timing``: where the time went (:func:`time_line`)."""
     out = [f"done: {done} trials in {minutes:.1f} min"] + ([timing] if timing else [])
@@ -37,25 +38,25 @@ def lines(paths: dict[str, Path], *, done: int, minutes: float,
         if b.get("tuned_vs_default"):
             out.append(tuned_vs_default_line(b["tuned_vs_default"], b.get("objective", "final")))
     if "ablation" in paths:
-        out.append(ablation_line(pd.read_csv(paths["ablation"]), ablation or {}))
+        out.append(ablation_line(pd.read_csv(paths["ablation"]), ablation))
     out.append(f"reports: {paths['configs'].parent}/ ({', '.join(p.name for p in paths.values())})")
     out += importance_lines(paths)
     return out
 
 
-def show(paths: dict[str, Path], *, done: int, minutes: float, ablation: dict[str, Any] | None = None,
+def show(paths: dict[str, Path], *, done: int, minutes: float, ablation: AblationRecord | None = None,
          timing: str | None = None, say: Callable[[str], None] = print) -> None:
     for line in lines(paths, done=done, minutes=minutes, ablation=ablation, timing=timing):
         say(line)
 
 
-def time_line(total_s: float, phases: dict[str, float], records: list[dict[str, Any]], slots: int) -> str:
+def time_line(total_s: float, phases: dict[str, float], records: list[TrialRecord], slots: int) -> str:
     """Where a study's wall time went: compiling and training (the search's trials' own seconds
     over the ``slots`` that ran side by side), evaluating (the re-training and the ablation path:
     ``phases["final"]``, ``phases["ablation"]``) and waiting (the rest: Ray starting, trials
     scheduled, slots idle, reports). ``records``: the trials this run searched."""
-    compile_s = sum(r.get("compile_seconds", 0.0) for r in records) / max(slots, 1)
-    train_s = sum(r.get("kernel_seconds", 0.0) for r in records) / max(slots, 1)
+    compile_s = sum(r.compile_seconds or 0.0 for r in records) / max(slots, 1)
+    train_s = sum(r.kernel_seconds or 0.0 for r in records) / max(slots, 1)
     search = phases.get("search", 0.0)
     compile_s, train_s = min(compile_s, search), min(train_s, max(search - compile_s, 0.0))
     evaluate_s = phases.get("final", 0.0) + phases.get("ablation", 0.0)
@@ -70,11 +71,11 @@ def time_line(total_s: float, phases: dict[str, float], records: list[dict[str, 
               f"{phases.get('ablation', 0.0) / 60:.1f} min)")
 
 
-def ablation_line(abl: pd.DataFrame, raw: dict[str, Any]) -> str:
-    """The path in one line: each switch with its paired gain, and what the path cost."""
+def ablation_line(abl: pd.DataFrame, raw: AblationRecord | None) -> str:
+    """The path in one line: each switch with its paired gain, and what the path cost (``raw``: ablation.json)."""
     steps = ", ".join(f"{r.param} {r.gain:+.1f}" for r in abl.iloc[1:].itertuples())
-    cost = (f"; {raw['kernels']} extra kernels, {raw['seconds'] / 60:.1f} min (--no-ablation skips it)"
-            if "kernels" in raw else "")
+    cost = (f"; {raw.kernels} extra kernels, {(raw.seconds or 0.0) / 60:.1f} min (--no-ablation skips it)"
+            if raw is not None and raw.kernels is not None else "")
     return f"ablation path (default {abl['mean'].iloc[0]:.1f} -> best {abl['mean'].iloc[-1]:.1f}): {steps}{cost}"
 
 

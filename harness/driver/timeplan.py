@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.kernel.device import use_compile_cache
 from harness.space import StudyError
+from harness.store.records import TrialRecord
 
 PHASE_OVERHEAD_S = 10.0  # a Tune run's own start: actors, imports, the compile cache read
 TRIAL_OVERHEAD_S = 3.0  # a search trial's own start and record, beside its kernel
@@ -100,12 +101,11 @@ class TimePlan:
         """The shortest ``--time`` in which one trial, the re-training and the ablation path fit."""
         return RAY_START_S + self.compile_s + self.trial_s() + self.reserve_s()
 
-    def learn(self, records: list[dict[str, Any]], budget_steps: int) -> None:
+    def learn(self, records: list[TrialRecord], budget_steps: int) -> None:
         """Takes the kernel time from the search's complete trials (the measurement before it
         was taken alone on an idle machine)."""
-        seen = [r["kernel_seconds"] * budget_steps / r["env_steps"] for r in records
-                if r.get("status") == "complete" and r.get("env_steps") and r.get("kernel_seconds")
-                and not r.get("lanes")]
+        seen = [r.kernel_seconds * budget_steps / r.env_steps for r in records
+                if r.status == "complete" and r.env_steps and r.kernel_seconds and not r.lanes]
         if seen:
             self.kernel_s = statistics.median(seen)
 

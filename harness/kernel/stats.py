@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -44,12 +44,6 @@ def config_score(scores: Sequence[float | None] | None, diverged: Sequence[bool]
 
 Objective = Literal["final", "auc", "steps"]
 OBJECTIVES: tuple[str, ...] = ("final", "auc", "steps")
-
-
-def config_value(config: dict[str, Any], metric: str = "mean") -> float | None:
-    """A recorded configuration's score: the mean (or IQM) of its evaluation returns over its
-    seeds; None if it diverged or has no score."""
-    return config_score(config.get("scores"), config.get("diverged"), metric)
 
 
 def describe_objective(objective: str, threshold: float | None = None, policy: str = "greedy") -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from harness.kernel.stats import config_score, reported_chunks
+from harness.store.records import ConfigRecord
 
 ETA = 3  # successive halving's reduction factor: rungs at 1/9, 1/3 and the whole budget
 ROUNDS = 3  # lane trials: at most one per ROUNDS of the budget's trials (Settings.with_rounds)
@@ -206,38 +207,43 @@ def broker_call(name: str) -> Callable[..., dict[str, Any]]:
     return lambda *args: ray.get(actor.step.remote(*args))
 
 
-def replay(plan: Any, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def replay(plan: Any, configs: list[ConfigRecord] | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Trains a lane trial again from its record: ``plan`` (its first lanes) and the recorded
-    ``configs`` (each with its lane, the chunk it started at, its Optuna number and values), each
-    refilled where it started. Returns, per recorded configuration in order, what the trial
-    recorded of it: ``optuna_number``, ``env_steps``, ``curve`` (evaluations and returns after each
-    of its chunks), and for those that trained to the end ``scores`` and ``final_returns``.
+    ``configs`` (each with its lane, the chunk it started at, its Optuna number and values; as the
+    record's file or :meth:`LaneTrial.records` holds them, or typed), each refilled where it started.
+    Returns, per recorded configuration in order, what the trial recorded of it: ``optuna_number``,
+    ``env_steps``, ``curve`` (evaluations and returns after each of its chunks), and for those that
+    trained to the end ``scores`` and ``final_returns``.
     With the same XLA threads it is bit for bit the trial's (harness.kernel.compile's keys are the
     configurations' own, whichever lane or process trains them)."""
+    recorded = [c if isinstance(c, ConfigRecord) else ConfigRecord.from_dict(c, "a recorded lane configuration")
+                for c in configs]
+    if any(c.lane is None or c.started_chunk is None for c in recorded):
+        raise ValueError("replay needs each configuration's lane and started_chunk, as a lane trial records them")
     from harness.kernel.runners import LaneRunner  # JAX: in the replay only, not in every worker at import
 
     runner = LaneRunner(plan)
-    starts: dict[int, list[dict[str, Any]]] = {}
-    ends: dict[int, list[dict[str, Any]]] = {}
-    for c in configs:
-        if c["started_chunk"] > 0:
-            starts.setdefault(c["started_chunk"], []).append(c)
-        ends.setdefault(c["started_chunk"] + len(c["curve"]), []).append(c)
+    starts: dict[int, list[ConfigRecord]] = {}
+    ends: dict[int, list[ConfigRecord]] = {}
+    for c in recorded:
+        if c.started_chunk > 0:
+            starts.setdefault(c.started_chunk, []).append(c)
+        ends.setdefault(c.started_chunk + len(c.curve), []).append(c)
     out: dict[int, dict[str, Any]] = {}
     while not runner.done:
-        if new := sorted(starts.get(len(runner.curves), []), key=lambda c: c["lane"]):
-            runner.refill([c["lane"] for c in new], [c["hparams"] for c in new], [c["optuna_number"] for c in new])
+        if new := sorted(starts.get(len(runner.curves), []), key=lambda c: c.lane):
+            runner.refill([c.lane for c in new], [c.hparams for c in new], [c.optuna_number for c in new])
         runner.chunk()
         for c in ends.get(len(runner.curves), []):
-            lane = c["lane"]
-            curve = runner.curves[c["started_chunk"]:]
+            lane = c.lane
+            curve = runner.curves[c.started_chunk:]
             row: dict[str, Any] = {
-                "optuna_number": c["optuna_number"], "env_steps": int(curve[-1].lane_steps[lane]),
+                "optuna_number": c.optuna_number, "env_steps": int(curve[-1].lane_steps[lane]),
                 "curve": [{"env_steps": int(r.lane_steps[lane]), "returns": _floats(r.returns[lane]),
                            "evals": _floats(r.evals[lane])} for r in curve]}
-            if c["status"] == "complete":
+            if c.status == "complete":
                 s, f, _ = runner.lane_results([lane])
                 row.update(scores=_floats(s[0]), final_returns=_floats(f[0]))
-            out[c["optuna_number"]] = row
-    return [out[c["optuna_number"]] for c in configs]
+            out[c.optuna_number] = row
+    return [out[c.optuna_number] for c in recorded]
 

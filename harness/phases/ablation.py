@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.cluster.placement import Placement
@@ -29,22 +28,10 @@ from harness.kernel.stats import config_score
 from harness.phases import final_phase
 from harness.report import reevaluated_best
 from harness.store.folder import ResultsFolder
+from harness.store.records import AblationRecord, AblationStep, FinalConfig
 
 Scores = list[float | None] | None  # a candidate's objective value per seed (None: diverged); None: failed
 Measure = Callable[[dict[str, dict[str, Any]]], dict[str, Scores]]  # candidate points -> their scores
-
-
-@dataclass(frozen=True)
-class Step:
-    """One point of the path: the hyperparameter switched at this step (None at the start) and
-    the scores per seed of the configuration it gives; ``tried``: at step 1 every single switch's
-    score from the default (the order of the path), later this point's own."""
-
-    step: int
-    param: str | None
-    value: Any
-    scores: Scores
-    tried: dict[str, float | None]
 
 
 def differing(start: dict[str, Any], end: dict[str, Any]) -> list[str]:
@@ -54,7 +41,7 @@ def differing(start: dict[str, Any], end: dict[str, Any]) -> list[str]:
 
 def path(start: dict[str, Any], end: dict[str, Any], start_scores: Scores, end_scores: Scores,
          measure: Measure, *, maximize: bool = True, metric: str = "mean",
-         on_step: Callable[[int, int, int], None] | None = None) -> list[Step]:
+         on_step: Callable[[int, int, int], None] | None = None) -> list[AblationStep]:
     """The path from ``start`` to ``end`` (dicts of the searched names' values), ordered by each
     switch's gain on its own.
 
@@ -65,7 +52,7 @@ def path(start: dict[str, Any], end: dict[str, Any], start_scores: Scores, end_s
     """
     names = differing(start, end)
     if not names:
-        return [Step(0, None, None, start_scores, {})]
+        return [AblationStep(0, None, None, start_scores, {})]
 
     def mean(scores: Scores) -> float | None:
         return config_score(scores, None, metric) if scores else None
@@ -92,44 +79,47 @@ def path(start: dict[str, Any], end: dict[str, Any], start_scores: Scores, end_s
             current = {**current, n: end[n]}
             points[n] = dict(current)
         inner = measure({n: p for n, p in points.items() if n != order[0]})
-    steps = [Step(0, None, None, start_scores, {})]
+    steps = [AblationStep(0, None, None, start_scores, {})]
     for k, n in enumerate(order, 1):
         scores = end_scores if k == len(order) else singles.get(n) if k == 1 else inner.get(n)
-        steps.append(Step(k, n, end[n], scores, tried if k == 1 else {n: mean(scores)}))
+        steps.append(AblationStep(k, n, end[n], scores, tried if k == 1 else {n: mean(scores)}))
     return steps
 
 
 def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
         run_plans: final_phase.RunPlans | None = None,
-        say: Callable[[str], None] = progress.say) -> dict[str, Any] | None:
+        say: Callable[[str], None] = progress.say) -> AblationRecord | None:
     """Computes the path for the study's best re-trained configuration and writes ablation.json;
     returns it (None: turned off, nothing to ablate, or ablation.json is already up to date)."""
     final = folder.final()
-    if not settings.ablation or not final or not final.get("configs") or not final.get("control"):
+    if not settings.ablation or not final or not final.configs or not final.control:
         return None
     study = settings.study
     best = reevaluated_best(final, study.metric, settings.maximize)
-    control = final["control"]
+    control = final.control
     old = folder.ablation()
-    if old and old.get("trials") == final["trials"] and old.get("target") == best["config_id"]:
+    if old and old.trials == final.trials and old.target == best.config_id:
         return None
-    base = {"trials": final["trials"], "target": best["config_id"], "objective": study.objective,
-            "maximize": settings.maximize}
-    if best.get("schedule"):
+
+    def record(steps: list[AblationStep], **rest: Any) -> AblationRecord:
+        return AblationRecord(steps, trials=final.trials, target=best.config_id, objective=study.objective,
+                              maximize=settings.maximize, **rest)
+
+    if best.schedule:
         why = "the best configuration changed its hyperparameters during training (population-based training)"
         say(f"no ablation path: {why}")
-        folder.write_ablation({**base, "skipped": why, "steps": []})
+        folder.write_ablation(record([], skipped=why))
         return None
-    if best["failed"] or control["failed"]:
+    if best.failed or control.failed:
         why = "the re-training of the best or the default configuration failed"
         say(f"no ablation path: {why}")
-        folder.write_ablation({**base, "skipped": why, "steps": []})
+        folder.write_ablation(record([], skipped=why))
         return None
     budget = settings.budget(placement.kind)
     records = folder.trials()
     kernels = 0
 
-    def walk(run: final_phase.RunPlans) -> list[Step]:
+    def walk(run: final_phase.RunPlans) -> list[AblationStep]:
         def measure(points: dict[str, dict[str, Any]]) -> dict[str, Scores]:
             nonlocal kernels
             candidates = {n: candidate(settings, p, budget.timesteps) for n, p in points.items()}
@@ -140,7 +130,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
             out: dict[str, Scores] = {}
             for n in candidates:
                 j = final_phase.joined(runs[n])
-                out[n] = None if j["failed"] else _seeds(j)
+                out[n] = None if j.failed else _seeds(j)
             return out
 
         def on_step(step: int, steps: int, points: int) -> None:
@@ -148,14 +138,13 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
             say(f"ablation path, pass {step}/{steps}: {points} configurations ({what}) on {budget.seeds} "
                 "seeds ...")
 
-        return path(control["params"], best["params"], _seeds(control), _seeds(best), measure,
+        return path(control.params, best.params, _seeds(control), _seeds(best), measure,
                     maximize=settings.maximize, metric=study.metric, on_step=on_step)
 
     t0 = time.monotonic()
     # every step's kernels in one Tune run (its actors reused), unless the kernels are stood in for
     steps = walk(run_plans) if run_plans else final_phase.tune_streamed(settings, folder, placement, guard, walk)
-    out = {**base, "steps": [asdict(s) for s in steps], "kernels": kernels,
-           "seconds": round(time.monotonic() - t0, 1), "seeds": budget.seeds}
+    out = record(steps, kernels=kernels, seconds=round(time.monotonic() - t0, 1), seeds=budget.seeds)
     folder.write_ablation(out)
     return out
 
@@ -165,7 +154,7 @@ def candidate(settings: Settings, point: dict[str, Any], timesteps: int) -> fina
     return final_phase.Candidate(point, *settings.configuration(point, timesteps))
 
 
-def _seeds(c: dict[str, Any]) -> Scores:
-    return [None if d else s for s, d in zip(c["scores"], c["diverged"], strict=True)]
+def _seeds(c: FinalConfig | final_phase.Joined) -> Scores:
+    return [None if d else s for s, d in zip(c.scores or [], c.diverged or [], strict=True)]
 
 

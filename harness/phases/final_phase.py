@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from harness import report
 from harness.cluster.placement import Placement, final_width
@@ -28,7 +28,7 @@ from harness.kernel.plan import FINAL, TrialPlan
 from harness.reports import lineage
 from harness.space import Budget, label
 from harness.store.folder import ResultsFolder
-from harness.store.records import config_id, write_json
+from harness.store.records import FinalConfig, FinalRecord, TrialRecord, config_id, write_json
 
 CONTROL = "default"  # the control's id in final.json and the reports
 NEW_SHAPE_COMPILE_S = 30.0  # a kernel shape the search never compiled, on a CPU: init, chunk and evaluation
@@ -49,7 +49,7 @@ class Candidate:
 
 
 def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: DiskGuard, *,
-        run_plans: RunPlans | None = None, say: Callable[[str], None] = progress.say) -> dict[str, Any] | None:
+        run_plans: RunPlans | None = None, say: Callable[[str], None] = progress.say) -> FinalRecord | None:
     """Re-trains the top configurations and the control; returns what it wrote to final.json
     (None when the study keeps no top-k, nothing finished, or final.json is already up to date).
 
@@ -59,9 +59,9 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     if settings.study.top_k < 1:
         return None
     records = folder.trials()
-    numbers = sorted(r["trial"] for r in records)
+    numbers = sorted(r.trial for r in records)
     old = folder.final()
-    if old and old.get("trials") == numbers:
+    if old and old.trials == numbers:
         return None
     configs, _, _ = report.tables(folder)
     top = configs[configs["rank"].notna()].head(settings.study.top_k) if len(configs) else configs
@@ -81,17 +81,15 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     out = {}
     for cid, c in candidates.items():
         parts = runs[cid]
-        out[cid] = {"config_id": cid, "params": c.params, "hparams": c.hparams, "static": c.static,
-                    **joined(parts),
-                    "plans": [{"plan": dataclasses.asdict(plan), "config_index": i} for plan, i, _ in parts],
-                    "command": train_command(settings, folder, c, rounds * budget.seeds, cid)}
-        if c.schedule:
-            out[cid].update(schedule=c.schedule, lineage=c.lineage)
-        if not out[cid]["failed"] and cid != CONTROL:
+        out[cid] = FinalConfig(
+            cid, params=c.params, hparams=c.hparams, static=c.static, **joined(parts)._asdict(),
+            plans=[{"plan": dataclasses.asdict(plan), "config_index": i} for plan, i, _ in parts],
+            command=train_command(settings, folder, c, rounds * budget.seeds, cid),
+            schedule=c.schedule or None, lineage=c.lineage if c.schedule else None)
+        if not out[cid].failed and cid != CONTROL:
             keep_policies(settings, folder, cid, c, parts)
     control = out.pop(CONTROL)
-    final = {"trials": numbers, "configs": list(out.values()), "control": control,
-             "objective": settings.study.objective}
+    final = FinalRecord(list(out.values()), trials=numbers, control=control, objective=settings.study.objective)
     folder.write_final(final)
     return final
 
@@ -109,11 +107,19 @@ def collect(plans: list[TrialPlan], members: list[list[str]],
     return runs
 
 
-def joined(parts: list[Part]) -> dict[str, Any]:
+class Joined(NamedTuple):
     """A candidate's per-seed results over its rounds, in seed order (None: a kernel failed)."""
+
+    failed: bool
+    scores: list[float | None] | None
+    final_returns: list[float | None] | None
+    diverged: list[bool | None] | None
+
+
+def joined(parts: list[Part]) -> Joined:
     failed = any(res is None for _, _, res in parts)
-    return {"failed": failed, **{key: None if failed else [v for _, i, res in parts for v in res[key][i]]  # type: ignore[index]
-                                 for key in ("scores", "final_returns", "diverged")}}
+    return Joined(failed, *(None if failed else [v for _, i, res in parts for v in res[key][i]]  # type: ignore[index]
+                            for key in ("scores", "final_returns", "diverged")))
 
 
 def rounds_of(settings: Settings, budget: Budget) -> int:
@@ -121,18 +127,17 @@ def rounds_of(settings: Settings, budget: Budget) -> int:
     return -(-settings.study.final_seeds // budget.seeds)
 
 
-def candidate(records: list[dict[str, Any]], cid: str) -> Candidate:
+def candidate(records: list[TrialRecord], cid: str) -> Candidate:
     """A recorded configuration as a candidate: a PBT configuration replays its lineage's schedule."""
-    rec, conf = next((r, c) for r in records for c in r["configs"] if config_id(r["trial"], c["index"]) == cid)
-    if not rec.get("pbt"):
-        return Candidate(conf["params"], rec["static"], conf["hparams"])
-    initial, schedule, chain = lineage.schedule(rec, conf["index"])
-    return Candidate(conf["params"], rec["static"], initial, schedule,
-                     [config_id(rec["trial"], i) for i in chain])
+    rec, conf = next((r, c) for r in records for c in r.configs if config_id(r.trial, c.index) == cid)
+    if not rec.pbt:
+        return Candidate(conf.params, rec.static, conf.hparams or {})
+    initial, schedule, chain = lineage.schedule(rec, conf.index)
+    return Candidate(conf.params, rec.static, initial, schedule, [config_id(rec.trial, i) for i in chain])
 
 
 def final_plans(settings: Settings, budget: Budget, candidates: dict[str, Candidate],
-                records: list[dict[str, Any]], rounds: int) -> tuple[list[TrialPlan], list[list[str]]]:
+                records: list[TrialRecord], rounds: int) -> tuple[list[TrialPlan], list[list[str]]]:
     """The re-training kernels and the candidates each holds (in order; a short batch padded with
     its first). Candidates sharing a static config share kernels, ``rounds`` rounds of S fresh
     seeds each; as wide as the search (its kernels are compiled) or as narrow as the group,
@@ -143,13 +148,13 @@ def final_plans(settings: Settings, budget: Budget, candidates: dict[str, Candid
     plans, members = [], []
     for ids in groups.values():
         static = candidates[ids[0]].static
-        timed = [r for r in records if r["static"] == static and r["status"] == "complete"
-                 and "kernel_seconds" in r and "compile_seconds" in r]
+        timed = [r for r in records if r.static == static and r.status == "complete"
+                 and r.kernel_seconds is not None and r.compile_seconds is not None]
         # a kernel's time for one configuration's budget (a lane trial trains several budgets' worth)
-        kernel_s = [r["kernel_seconds"] * budget.timesteps / max(r["env_steps"], 1) for r in timed]
+        kernel_s = [r.kernel_seconds * budget.timesteps / max(r.env_steps, 1) for r in timed]  # type: ignore[operator]
         # a new width compiles from scratch: at least the study's slowest compile, which the
         # persistent cache can make a load of a few seconds (NEW_SHAPE_COMPILE_S as the floor)
-        compiled = [r["compile_seconds"] for r in records if "compile_seconds" in r]
+        compiled = [r.compile_seconds for r in records if r.compile_seconds is not None]
         width = final_width(len(ids), budget.configs_per_trial, rounds=rounds,
                             kernel_s=statistics.median(kernel_s) if timed else None,
                             compile_s=max([NEW_SHAPE_COMPILE_S, *compiled]) if timed else None)

@@ -24,6 +24,7 @@ from harness.driver.progress import say as progress_say
 from harness.driver.settings import Settings
 from harness.space import Budget, StudyError
 from harness.store.folder import InFlight, ResultsFolder, Unreadable
+from harness.store.records import TrialRecord
 
 REPORT_EVERY = 10.0  # seconds between rebuilds of the CSV reports while trials finish
 
@@ -83,7 +84,7 @@ def run(settings: Settings, folder: ResultsFolder, placement: Placement, guard: 
     scheduler = asha(settings, budget)
     broker = BrokerHandle(settings, budget) if settings.scheduler == "lanes" else None
     try:  # from here on the broker's actor is stopped however this ends
-        sink = RecordSink(folder, progress, ran_before=any(r["status"] != "failed" for r in records))
+        sink = RecordSink(folder, progress, ran_before=any(r.status != "failed" for r in records))
         searcher = BatchedOptunaSearcher(
             settings.study, ostudy, static_names=settings.static_names, configs_per_trial=budget.configs_per_trial,
             make_plan=plan_factory(settings, budget, broker.name if broker else ""),
@@ -168,13 +169,13 @@ class BrokerHandle:
             serve_locally(self.name, None)
 
 
-def adoptable(folder: ResultsFolder, ostudy: Any, records: list[dict[str, Any]]) -> list[InFlight]:
+def adoptable(folder: ResultsFolder, ostudy: Any, records: list[TrialRecord]) -> list[InFlight]:
     """The trials a stopped driver left running (in flight without a record, their Optuna trials
     still RUNNING), each with its kernel checkpoints; entries that finished after all, were told
     meanwhile or cannot be read are dropped (an unreadable one named on stderr: it starts over)."""
     import optuna
 
-    recorded = {r["trial"] for r in records}
+    recorded = {r.trial for r in records}
     running = {t.number for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
     out = []
     for entry in folder.inflight():
@@ -226,13 +227,13 @@ class RecordSink:
         self.failures: list[str] = []
         self.same_failure: str | None = None
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: TrialRecord) -> None:
         self.folder.record(record)
         self.progress.recorded(record)
-        if record["status"] != "failed":
+        if record.status != "failed":
             self.ran = True
         else:
-            self.failures.append(record.get("error") or "no error text")
+            self.failures.append(record.error or "no error text")
             if not self.ran and len(self.failures) >= self.FAIL_FAST and len(set(self.failures)) == 1:
                 self.same_failure = self.failures[0]
         if time.monotonic() - self.last_report >= REPORT_EVERY:  # CSVs while it runs; all of it at the end

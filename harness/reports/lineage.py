@@ -14,15 +14,15 @@ from typing import Any
 
 import pandas as pd
 
-from harness.store.records import config_id
+from harness.store.records import TrialRecord, config_id
 
 
-def events(record: dict[str, Any]) -> list[dict[str, Any]]:
+def events(record: TrialRecord) -> list[dict[str, Any]]:
     """The record's exploit steps, by chunk."""
-    return sorted((c["pbt"] for c in record.get("curves", []) if c.get("pbt")), key=lambda e: e["chunk"])
+    return sorted((c["pbt"] for c in record.curves if c.get("pbt")), key=lambda e: e["chunk"])
 
 
-def schedule(record: dict[str, Any], index: int) -> tuple[dict[str, float], list[dict[str, Any]], list[int]]:
+def schedule(record: TrialRecord, index: int) -> tuple[dict[str, float], list[dict[str, Any]], list[int]]:
     """Configuration ``index``'s network's history.
 
     Returns:
@@ -35,7 +35,7 @@ def schedule(record: dict[str, Any], index: int) -> tuple[dict[str, float], list
             changes.append({"chunk": e["chunk"], "hparams": dict(e["hparams"][lane])})
             lane = e["source"][lane]
             chain.append(lane)
-    return dict(record["configs"][lane]["hparams"]), changes[::-1], chain[::-1]
+    return dict(record.configs[lane].hparams or {}), changes[::-1], chain[::-1]
 
 
 def merge(schedules: list[list[dict[str, Any]]], initials: list[dict[str, float]]) -> list[dict[str, Any]]:
@@ -52,21 +52,21 @@ def merge(schedules: list[list[dict[str, Any]]], initials: list[dict[str, float]
     return out
 
 
-def table(records: list[dict[str, Any]]) -> pd.DataFrame:
+def table(records: list[TrialRecord]) -> pd.DataFrame:
     """``pbt.csv``: one row per PBT configuration per exploit step (and its start, chunk 0):
     trial, chunk, config_id, the configuration it copied (itself when kept), fitness and the
     hyperparameters it trained with from then on."""
     rows = []
     for rec in records:
         evs = events(rec)
-        if not rec.get("pbt") or not evs:
+        if not rec.pbt or not evs:
             continue
-        for i, c in enumerate(rec["configs"]):
-            rows.append(dict(trial=rec["trial"], chunk=0, config_id=config_id(rec["trial"], i),
-                             source=config_id(rec["trial"], i), copied=False, fitness=None, **c["hparams"]))
+        for i, c in enumerate(rec.configs):
+            rows.append(dict(trial=rec.trial, chunk=0, config_id=config_id(rec.trial, i),
+                             source=config_id(rec.trial, i), copied=False, fitness=None, **(c.hparams or {})))
         for e in evs:
             for i, src in enumerate(e["source"]):
-                rows.append(dict(trial=rec["trial"], chunk=e["chunk"], config_id=config_id(rec["trial"], i),
-                                 source=config_id(rec["trial"], src), copied=src != i, fitness=e["fitness"][i],
+                rows.append(dict(trial=rec.trial, chunk=e["chunk"], config_id=config_id(rec.trial, i),
+                                 source=config_id(rec.trial, src), copied=src != i, fitness=e["fitness"][i],
                                  **e["hparams"][i]))
     return pd.DataFrame(rows)

@@ -18,11 +18,12 @@ import optuna
 from ray.tune.search import Searcher
 
 from harness.kernel.plan import TrialPlan
-from harness.kernel.stats import config_score, config_value, reported_chunks
+from harness.kernel.stats import config_score, reported_chunks
 from harness.search import optuna_private as private
 from harness.search.storage import storage
 from harness.space import Categorical, Int, LogUniform, Study, Uniform, label
 from harness.store.folder import InFlight
+from harness.store.records import TrialRecord
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -111,7 +112,7 @@ class BatchedOptunaSearcher(Searcher):
         configs_per_trial: C.
         make_plan: the trial's plan from its C points (searched values) and its trial number.
         extra: added to every trial's Tune config (device settings).
-        on_complete: called with the trial's record (a dict) when a Tune trial ends, before
+        on_complete: called with the trial's record when a Tune trial ends, before
             Optuna is told, so a crash in between is repaired from the record on resume.
         is_pruned: tells whether the scheduler stopped a Tune trial early.
         on_suggest: called with a trial's :class:`~harness.store.folder.InFlight` entry when it is
@@ -125,7 +126,7 @@ class BatchedOptunaSearcher(Searcher):
 
     def __init__(self, study: Study, ostudy: optuna.Study, *, static_names: list[str],
                  configs_per_trial: int, make_plan: PlanFactory, extra: dict[str, Any],
-                 on_complete: Callable[[dict], None], is_pruned: Callable[[str], bool],
+                 on_complete: Callable[[TrialRecord], None], is_pruned: Callable[[str], bool],
                  on_suggest: Callable[[InFlight], None] | None = None,
                  adopt: list[InFlight] | None = None, first_statics: list[dict[str, Any]] | None = None) -> None:
         super().__init__(metric="score", mode="max" if study.direction == "maximize" else "min")
@@ -259,21 +260,22 @@ class BatchedOptunaSearcher(Searcher):
             configs.append(rec)
         by_chunk = self.curves.pop(trial_id, {})
         curves = [by_chunk[k] for k in sorted(by_chunk)]
-        record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
-                  "objective": plan.objective, "threshold": plan.threshold, "pbt": plan.pbt,
-                  "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
-                  "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
-                  **{k: result[k] for k in RECORDED if k in result}}
+        record = TrialRecord.from_dict({
+            "trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
+            "objective": plan.objective, "threshold": plan.threshold, "pbt": plan.pbt,
+            "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": curves,
+            "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
+            **{k: result[k] for k in RECORDED if k in result}}, f"trial {plan.trial}'s record")
         self.on_complete(record)
         if curves:  # the last chunk too (where the scheduler stopped it), if the spacing skipped it
             self._report(trial_id, curves[-1:])
         self.live.pop(trial_id)
         self.reported -= {(t.number, c["env_steps"]) for t in trials for c in curves}
         if plan.pbt:
-            for t, c in zip(trials, configs, strict=True):
+            for t, c in zip(trials, record.configs, strict=True):
                 t.set_user_attr("pbt", "hyperparameters changed mid-run by population-based training; "
                                        "told FAIL so TPE does not learn from them; value in pbt_value")
-                if (value := config_value(c, self.study.metric)) is not None and status == "complete":
+                if (value := c.value(self.study.metric)) is not None and status == "complete":
                     t.set_user_attr("pbt_value", value)
         tell(self.ostudy, record)
 
@@ -301,12 +303,13 @@ class BatchedOptunaSearcher(Searcher):
                 configs.append({"index": max(c["index"] for c in configs) + 1, "optuna_number": t.number,
                                 "params": params, "hparams": None, **failed})
         configs.sort(key=lambda c: c["index"])
-        record = {"trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
-                  "objective": plan.objective, "threshold": plan.threshold, "pbt": None, "lanes": plan.lanes,
-                  "plan": asdict(plan),  # its first lanes: with the configurations, lanes.trial.replay's input
-                  "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": [],
-                  "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
-                  **{k: result[k] for k in RECORDED if k in result}}
+        record = TrialRecord.from_dict({
+            "trial": plan.trial, "tune_trial_id": trial_id, "status": status, "metric": self.study.metric,
+            "objective": plan.objective, "threshold": plan.threshold, "pbt": None, "lanes": plan.lanes,
+            "plan": asdict(plan),  # its first lanes: with the configurations, lanes.trial.replay's input
+            "static": plan.config, "seeds": plan.seeds, "configs": configs, "curves": [],
+            "env_steps": int(result.get("env_steps", 0)), "nodes": self.nodes.pop(trial_id, []),
+            **{k: result[k] for k in RECORDED if k in result}}, f"trial {plan.trial}'s record")
         self.on_complete(record)
         tell(self.ostudy, record)
 
@@ -322,13 +325,13 @@ RECORDED = ("kernel_seconds", "compile_seconds", "trial_seconds", "error", "resu
             "checkpoint_seconds", "broker_seconds", "lanes_seconds")
 
 
-def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
+def tell(ostudy: optuna.Study, record: TrialRecord) -> None:
     """Tells each Optuna trial of a trial record its state (idempotent)."""
-    for c in record["configs"]:
-        number = c["optuna_number"]
-        status = c.get("status", record["status"])  # a refilled lane's configuration has its own
-        value = config_value(c, record.get("metric", "mean")) if status == "complete" else None
-        if record.get("pbt"):  # its hyperparameters changed mid-run: keep it out of TPE's model
+    for c in record.configs:
+        number = c.optuna_number
+        status = record.status_of(c)  # a refilled lane's configuration has its own
+        value = c.value(record.metric) if status == "complete" else None
+        if record.pbt:  # its hyperparameters changed mid-run: keep it out of TPE's model
             ostudy.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         elif status == "pruned":
             ostudy.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
@@ -338,13 +341,13 @@ def tell(ostudy: optuna.Study, record: dict[str, Any]) -> None:
             ostudy.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
 
-def reconcile(ostudy: optuna.Study, records: list[dict[str, Any]], keep: set[int] = frozenset()) -> int:
+def reconcile(ostudy: optuna.Study, records: list[TrialRecord], keep: set[int] = frozenset()) -> int:
     """After a killed driver: tells Optuna what the records know; marks the rest FAIL but those
     numbered in ``keep`` (in-flight trials that go on).
 
     Returns the number of Optuna trials marked FAIL or told from a record.
     """
-    by_number = {c["optuna_number"]: r for r in records for c in r["configs"]}
+    by_number = {c.optuna_number: r for r in records for c in r.configs}
     stale = [t for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,
                                                                   optuna.trial.TrialState.WAITING))
              if t.number not in keep or t.number in by_number]

@@ -1,11 +1,11 @@
 """A study's results folder: the one place that knows its layout (Ray Train's ``StorageContext``).
 
     NAME/study.json          StudyMeta: what the study is and the options it was started with
-    NAME/trials/NNNN.json    one record per finished Tune trial (C configurations)
+    NAME/trials/NNNN.json    TrialRecord: one per finished Tune trial (C configurations)
     NAME/inflight/NNNN.json  a trial proposed and not yet recorded: what a resumed study needs to
                              go on with it (plan, points, Optuna trial numbers, Tune trial ids)
-    NAME/final.json          the re-training of the best configurations and the control
-    NAME/ablation.json       the ablation path from the control to the best configuration
+    NAME/final.json          FinalRecord: the re-training of the best configurations and the control
+    NAME/ablation.json       AblationRecord: the ablation path from the control to the best configuration
     NAME/optuna.db           the Optuna study (SQLite), unless --storage says otherwise
     NAME/tune/run-K/         Ray Tune's experiment folder of the K-th search run (mid-run kernel
     NAME/tune/final-K/       checkpoints of trials not yet recorded), and of the K-th re-training
@@ -30,17 +30,14 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from harness.kernel.stats import OBJECTIVES
 from harness.space import DIRECTIONS, METRICS, SCHEDULERS, Budget
-from harness.store.records import RecordsError, read_json, write_json
+from harness.store.records import AblationRecord, FinalRecord, RecordsError, TrialRecord, read_json, write_json
 
 KERNEL_FILE = "kernel.msgpack"  # a mid-run checkpoint inside a Tune trial's checkpoint folder
-_TRIAL_FIELDS = {"trial": int, "status": str, "seeds": int, "configs": list}
-_LIST_OR_NONE = (list, type(None))  # scores and diverged: None where a configuration has none (pruned, failed)
-# each entry of a trial record's configs
-_CONFIG_FIELDS = {"index": int, "params": dict, "scores": _LIST_OR_NONE, "diverged": _LIST_OR_NONE}
+_Derived = TypeVar("_Derived", FinalRecord, AblationRecord)
 # the values study.json's fields may take where there are few (None: a field left to its default)
 _META_CHOICES = {"direction": DIRECTIONS, "metric": METRICS, "objective": OBJECTIVES, "scheduler": SCHEDULERS}
 # study.json's fields and the types they must have (None allowed where the default is None)
@@ -215,40 +212,32 @@ class ResultsFolder:
         return aside
 
     # -- trial records ---------------------------------------------------------------------------
-    def read_trials(self) -> tuple[list[dict[str, Any]], list[str]]:
+    def read_trials(self) -> tuple[list[TrialRecord], list[str]]:
         """The readable trial records by trial number, and one line for each file that is not one
         (truncated, corrupt, or missing a field), naming it."""
-        records: dict[int, tuple[Path, dict[str, Any]]] = {}
+        records: dict[int, tuple[Path, TrialRecord]] = {}
         problems = []
         folder = self.root / "trials"
         if folder.exists() and not folder.is_dir():
             return [], [f"{folder} is not a folder, so no trial record was read"]
         for path in sorted(folder.glob("*.json")):
             try:
-                rec = read_json(path)
-                missing = [k for k, t in _TRIAL_FIELDS.items() if not isinstance(rec, dict) or
-                           not isinstance(rec.get(k), t)]
-                if not missing and not all(isinstance(c, dict) and all(isinstance(c.get(k), t) for k, t in
-                                                                        _CONFIG_FIELDS.items())
-                                           for c in rec["configs"]):
-                    missing = ["configs"]
-                if missing:
-                    raise RecordsError(f"{path} is not a trial record (no valid {', '.join(missing)})")
+                rec = TrialRecord.from_dict(read_json(path), path)
             except (RecordsError, OSError) as err:
                 problems.append(str(err))
                 continue
-            if rec["trial"] in records:  # a trial in two files: the one in the trial's own file is kept
-                first = records[rec["trial"]][0]
-                own = path.name == self.trial_file(rec["trial"]).name
+            if rec.trial in records:  # a trial in two files: the one in the trial's own file is kept
+                first = records[rec.trial][0]
+                own = path.name == self.trial_file(rec.trial).name
                 keep, drop = (path, first) if own else (first, path)
-                problems.append(f"{drop} is not a trial record of its own (trial {rec['trial']} again, as in "
+                problems.append(f"{drop} is not a trial record of its own (trial {rec.trial} again, as in "
                                 f"{keep.name})")
                 if not own:
                     continue
-            records[rec["trial"]] = (path, rec)
+            records[rec.trial] = (path, rec)
         return [rec for _, (_, rec) in sorted(records.items())], problems
 
-    def trials(self) -> list[dict[str, Any]]:
+    def trials(self) -> list[TrialRecord]:
         """Every readable trial record, by trial number. A file that cannot be read is left out
         and named on stderr (once per process and version of the file); the reports list it in
         ``reports/problems.txt``."""
@@ -257,24 +246,24 @@ class ResultsFolder:
             _warn(f"{line}; left out")
         return records
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: TrialRecord) -> None:
         """Writes a finished trial's record; it is no longer in flight, and no retry needs its
         mid-run kernel checkpoints (they can be large: SAC's replay buffers)."""
-        write_json(self.trial_file(record["trial"]), record)
-        self.inflight_file(record["trial"]).unlink(missing_ok=True)
-        self.drop_kernel_checkpoints(record.get("tune_trial_id"))
+        write_json(self.trial_file(record.trial), record.to_dict())
+        self.inflight_file(record.trial).unlink(missing_ok=True)
+        self.drop_kernel_checkpoints(record.tune_trial_id)
 
-    def final(self) -> dict[str, Any] | None:
-        return self._derived(self.final_file, "configs")
+    def final(self) -> FinalRecord | None:
+        return self._derived(self.final_file, FinalRecord)
 
-    def _derived(self, path: Path, key: str) -> dict[str, Any] | None:
+    def _derived(self, path: Path, kind: type[_Derived]) -> _Derived | None:
         """A file the study derives from its records (final.json, ablation.json), or None where
         there is none yet. One that cannot be read (truncated, corrupt) counts as none: named on
         stderr and in ``reports/problems.txt`` (:meth:`unreadable`), and the study makes it again."""
         if not path.exists():
             return None
         try:
-            return _read_derived(path, key)
+            return kind.from_dict(read_json(path), path)
         except (RecordsError, OSError) as err:
             _warn(f"{err}; left out (the study makes it again from its records)")
             return None
@@ -283,22 +272,24 @@ class ResultsFolder:
         """One line for each file that the reports leave out because it cannot be read: trial
         records, final.json, ablation.json."""
         lines = self.read_trials()[1]
-        for path, key in ((self.final_file, "configs"), (self.ablation_file, "steps")):
+        kinds: list[tuple[Path, type[FinalRecord | AblationRecord]]] = [
+            (self.final_file, FinalRecord), (self.ablation_file, AblationRecord)]
+        for path, kind in kinds:
             try:
                 if path.exists():
-                    _read_derived(path, key)
+                    kind.from_dict(read_json(path), path)
             except (RecordsError, OSError) as err:
                 lines.append(str(err))
         return lines
 
-    def write_final(self, final: dict[str, Any]) -> None:
-        write_json(self.final_file, final)
+    def write_final(self, final: FinalRecord) -> None:
+        write_json(self.final_file, final.to_dict())
 
-    def ablation(self) -> dict[str, Any] | None:
-        return self._derived(self.ablation_file, "steps")
+    def ablation(self) -> AblationRecord | None:
+        return self._derived(self.ablation_file, AblationRecord)
 
-    def write_ablation(self, ablation: dict[str, Any]) -> None:
-        write_json(self.ablation_file, ablation)
+    def write_ablation(self, ablation: AblationRecord) -> None:
+        write_json(self.ablation_file, ablation.to_dict())
 
     # -- trials in flight ------------------------------------------------------------------------
     def note_inflight(self, entry: InFlight) -> None:
@@ -375,25 +366,6 @@ def _warn(line: str) -> None:
     if key not in _warned:
         _warned.add(key)
         print(f"warning: {line}", file=sys.stderr)
-
-
-def _read_derived(path: Path, key: str) -> dict[str, Any]:
-    """final.json or ablation.json (``key``: the list it must hold).
-
-    Raises:
-        RecordsError: not valid JSON, or not that file's shape.
-    """
-    data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get(key), list) or not all(
-            isinstance(entry, dict) and all(isinstance(entry.get(k), t) for k, t in _DERIVED_ENTRY[key].items())
-            for entry in data[key]):
-        raise RecordsError(f"{path} is not the study's {path.name} (no valid {key})")
-    return data
-
-
-# what each entry of final.json's configs and ablation.json's steps must hold (as the reports read them)
-_DERIVED_ENTRY = {"configs": {"config_id": str, "scores": _LIST_OR_NONE, "diverged": _LIST_OR_NONE},
-                  "steps": {"param": (str, type(None))}}  # step 0, the default: no param
 
 
 def as_folder(where: ResultsFolder | Path | str) -> ResultsFolder:
