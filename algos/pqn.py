@@ -241,8 +241,10 @@ def make(config: PQNConfig, env: Environment, env_params: Any) -> Algo:
             k_explore, k_random, k_env = jax.random.split(key, 3)
             q = q_values(carry.params, carry.obs_stats, carry.obs)
             mask, env_mask = policy_mask(carry.env_state)
-            legal = jnp.zeros_like(q) if mask is None else jnp.where(mask, 0.0, -jnp.inf)
-            random = jax.random.categorical(k_random, legal)  # uniform over the legal actions
+            if mask is None:
+                random = jax.random.randint(k_random, (n,), 0, space.n)
+            else:  # uniform over the legal actions
+                random = jax.random.categorical(k_random, jnp.where(mask, 0.0, -jnp.inf))
             action = jnp.where(jax.random.uniform(k_explore, (n,)) < eps, random, greedy(q, mask))
             illegal = (jnp.float32(0.0) if env_mask is None
                        else 1.0 - jnp.take_along_axis(env_mask, action[:, None], -1).mean())
@@ -268,7 +270,7 @@ def make(config: PQNConfig, env: Environment, env_params: Any) -> Algo:
         def minibatch(c: tuple, idx: jax.Array) -> tuple[tuple, tuple]:
             p, o = c
             (loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                p, jax.tree.map(lambda x: x[idx], flat), stats)
+                p, jax.tree.map(lambda x: x[idx], flat), stats)  # gathered here: no shuffled copy of the batch
             updates, o = optimizer(hp).update(grads, o, p)
             return (optax.apply_updates(p, updates), o), (loss, q_mean)
 
