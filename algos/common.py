@@ -201,7 +201,24 @@ def batched(fn: Callable, *, hparams_argnum: int | None = 1) -> Callable:
     def outer(*args: Any) -> Any:
         n = len(args)
         inner_axes = tuple(None if i == hparams_argnum else 0 for i in range(n))
-        return jax.vmap(jax.vmap(fn, in_axes=inner_axes), in_axes=0)(*args)
+        lanes = jax.tree.leaves([a for i, a in enumerate(args) if i != hparams_argnum])[0].shape[:2]
+        if 1 not in lanes:
+            return jax.vmap(jax.vmap(fn, in_axes=inner_axes), in_axes=0)(*args)
+        # a unit axis is squeezed and vmapped over once: XLA's CPU fusions of a [1, S, ...] or [C, 1, ...]
+        # batch run several times slower than of [S, ...] (bench/RESULTS.md, PQN)
+        if lanes == (1, 1):
+            out = fn(*[jax.tree.map(lambda x, k=(0,) if i == hparams_argnum else (0, 0): x[k], a)
+                       for i, a in enumerate(args)])
+            return jax.tree.map(lambda x: x[None, None], out)
+        axis = 0 if lanes[0] == 1 else 1
+        if axis == 0:  # one configuration: its hyperparameters are shared by the seeds
+            args = tuple(jax.tree.map(lambda x: x[0], a) for a in args)
+            out = jax.vmap(fn, in_axes=inner_axes)(*args)
+        else:  # one seed of each configuration
+            args = tuple(a if i == hparams_argnum else jax.tree.map(lambda x: x[:, 0], a)
+                         for i, a in enumerate(args))
+            out = jax.vmap(fn)(*args)
+        return jax.tree.map(lambda x: jnp.expand_dims(x, axis), out)
 
     return outer
 

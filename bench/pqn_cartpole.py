@@ -6,7 +6,7 @@ gamma 0.99, lambda 0.9, gradients clipped at 10 (rejax clips each element, we cl
 524,288 steps per seed; 1 seed and N seeds vmapped in one kernel. Steps/s exclude compilation and
 include one final evaluation of 128 episodes in both.
 
-    python bench/pqn_cartpole.py [--seeds 1 8] [--timesteps 524288]
+    python bench/pqn_cartpole.py [--seeds 1 8] [--timesteps 524288] [--hlo DIR]
 """
 
 from __future__ import annotations

@@ -643,7 +643,7 @@ def test_study_cli__fresh_with_a_study_that_cannot_work_leaves_the_old_results_w
         "cpu=Budget(1, 1, 1, 64), gpu=Budget(1, 1, 1, 64), smoke=Budget(1, 1, 1, 64))\n")
     ResultsFolder(tmp_path / "out" / "bad").write_meta(StudyMeta(study="bad"))
     assert cli.main([str(tmp_path / "bad.py"), "--fresh", "--out", str(tmp_path / "out")]) == 2
-    assert "error: study bad: unknown algo 'nope'; known algos: ppo, sac" in capsys.readouterr().err
+    assert "error: study bad: unknown algo 'nope'; known algos: ppo, pqn, sac" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["bad"]
 
 
@@ -762,8 +762,8 @@ def test_core_and_driver_units__import_without_starting_ray():
 
 def test_settings__an_algorithm_that_cannot_take_the_env_is_refused_before_ray_starts(tmp_path):
     study = dataclasses.replace(studies.get("cartpole_sac"), env="CartPole-v1")
-    with pytest.raises(StudyError, match=r"study cartpole_sac: SAC needs continuous actions; CartPole-v1 has "
-                                         r"Discrete\(2\)$"):
+    with pytest.raises(StudyError, match=r"study cartpole_sac: algo sac is for continuous actions; env CartPole-v1 "
+                                         r"has discrete ones \(Discrete\(2\)\)$"):
         settings_for(study, tmp_path)
 
 

@@ -20,10 +20,10 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, expect", [
     (["--env", "Foo-v0"], "known envs: CartPole-v1, ContinuousCartPole-v1, DungeonCrawl-v1, Pendulum-v1, "
                           "Snake-v1"),
-    (["--algo", "dqn"], "known algos: ppo, sac"),
+    (["--algo", "dqn"], "known algos: ppo, pqn, sac"),
     (["--set", "num_minibatches=3"], "num_minibatches=3 does not divide the batch"),
     (["--set", "lrr=1"], "unknown setting 'lrr' for ppo; known:"),
-    (["--algo", "sac", "--env", "CartPole-v1"], "SAC needs continuous actions; CartPole-v1 has Discrete(2)"),
+    (["--algo", "sac", "--env", "CartPole-v1"], "algo sac is for continuous actions; env CartPole-v1 has discrete"),
     (["--set", "lr=abc"], "--set lr=abc"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--set", "num_envs=0"], "PPOConfig.num_envs must be >= 1, got 0"),
