@@ -238,14 +238,15 @@ def make(config: PQNConfig, env: Environment, env_params: Any) -> Algo:
 
     def rollout(state: PQNState, eps: jax.Array) -> tuple[PQNState, _Traj, Finished, jax.Array]:
         def one_step(carry: PQNState, key: jax.Array) -> tuple[PQNState, tuple]:
-            k_explore, k_random, k_env = jax.random.split(key, 3)
+            k_act, k_env = jax.random.split(key)
             q = q_values(carry.params, carry.obs_stats, carry.obs)
             mask, env_mask = policy_mask(carry.env_state)
+            u = jax.random.uniform(k_act, (2, n))  # one draw for both: each random call is a loop on a CPU
             if mask is None:
-                random = jax.random.randint(k_random, (n,), 0, space.n)
+                random = jnp.minimum((u[1] * space.n).astype(jnp.int32), space.n - 1)
             else:  # uniform over the legal actions
-                random = jax.random.categorical(k_random, jnp.where(mask, 0.0, -jnp.inf))
-            action = jnp.where(jax.random.uniform(k_explore, (n,)) < eps, random, greedy(q, mask))
+                random = jax.random.categorical(jax.random.fold_in(k_act, 1), jnp.where(mask, 0.0, -jnp.inf))
+            action = jnp.where(u[0] < eps, random, greedy(q, mask))
             illegal = (jnp.float32(0.0) if env_mask is None
                        else 1.0 - jnp.take_along_axis(env_mask, action[:, None], -1).mean())
             s = step_envs(jax.random.split(k_env, n), carry.env_state, action, env_params)
