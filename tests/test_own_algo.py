@@ -183,3 +183,55 @@ def test_docs_example__own_algorithm_is_tuned_end_to_end_and_beats_its_untrained
         assert (root / "reports" / report).is_file(), report
     played = _run("harness.play", str(root), cwd=tmp_path, env=ray_env)
     assert played.returncode == 0, played.stdout + played.stderr
+
+
+# -- PBT, lanes and snapshots on PQN and on a user's algorithm (the kernel's runners, no Ray) ---------
+
+def _plan(tmp_path: Path, which: str, **kw: object) -> object:
+    from harness.kernel.plan import TrialPlan
+
+    if which == "pqn":
+        algo, config = "pqn", dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, hidden=[16])
+    else:
+        (tmp_path / "reinforce.py").write_text(_doc("reinforce.py"))
+        algo, config = f"{tmp_path / 'reinforce.py'}:SPEC", dict(num_envs=4, num_steps=16)
+    config.update(updates_per_chunk=1, eval_episodes=4, total_timesteps=4 * 16 * 6)
+    return TrialPlan(env="CartPole-v1", algo=algo, config=config, seeds=2, trial=1, study_seed=7,
+                     hparams=[{"lr": lr} for lr in (1e-4, 3e-4, 1e-3, 3e-3)], objective="auc", curve_episodes=2,
+                     **kw)
+
+
+@pytest.mark.parametrize("which", ["pqn", "reinforce"])
+def test_runners__pbt_lanes_and_snapshots_work_on_pqn_and_a_users_algorithm(tmp_path, which):
+    import dataclasses
+
+    import numpy as np
+
+    from harness.kernel.runners import LaneRunner, PbtRunner, run_trial, runner_for
+
+    pbt = PbtRunner(_plan(tmp_path, which, pbt={"interval": 2, "fraction": 0.25, "perturb": "multiply",
+                                                "bounds": [["lr", 1e-4, 3e-3, True]]}))
+    while not pbt.done:
+        pbt.chunk()
+    events = [c.pbt for c in pbt.finish().curves if c.pbt]
+    assert [e["chunk"] for e in events] == [2, 4]
+    assert all(sum(s != i for i, s in enumerate(e["source"])) == 1 for e in events)  # the worst copied the best
+
+    lanes = LaneRunner(_plan(tmp_path, which, config_keys=[10, 11, 12, 13], chunks=9))
+    for _ in range(3):
+        lanes.chunk()
+    lanes.refill([0], [{"lr": 5e-4}], [14])
+    while not lanes.done:
+        lanes.chunk()
+    assert lanes.lane_chunks(0) == 6 and lanes.lane_chunks(1) == 9
+
+    plan = _plan(tmp_path, which)
+    whole = run_trial(plan)
+    first = runner_for(plan)
+    for _ in range(2):
+        first.chunk()
+    resumed = runner_for(dataclasses.replace(plan))
+    resumed.restore(first.snapshot())
+    while not resumed.done:
+        resumed.chunk()
+    np.testing.assert_array_equal(resumed.finish().scores, whole.scores)

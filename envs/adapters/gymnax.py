@@ -8,6 +8,7 @@ every other ``done`` is a termination. gymnax's own auto-reset is not used.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import jax
@@ -16,6 +17,9 @@ import numpy as np
 from flax import struct
 
 from envs.core import Box, Discrete, Environment, Space, Transition
+
+# gymnax 0.0.9's MinAtar games scatter ints into bool grids; JAX warns at every trace, in every process
+warnings.filterwarnings("ignore", message="scatter inputs have incompatible types", category=FutureWarning)
 
 # envs that cannot run here, with the reason (a study refuses them before Ray starts)
 REFUSED = {
