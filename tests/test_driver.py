@@ -762,8 +762,8 @@ def test_core_and_driver_units__import_without_starting_ray():
 
 def test_settings__an_algorithm_that_cannot_take_the_env_is_refused_before_ray_starts(tmp_path):
     study = dataclasses.replace(studies.get("cartpole_sac"), env="CartPole-v1")
-    with pytest.raises(StudyError, match=r"study cartpole_sac: algo sac is for continuous actions; env CartPole-v1 "
-                                         r"has discrete ones \(Discrete\(2\)\)$"):
+    with pytest.raises(StudyError, match=r"study cartpole_sac: algo sac is for continuous actions; env "
+                                         r"CartPole-v1 has discrete ones \(Discrete\(2\)\)$"):
         settings_for(study, tmp_path)
 
 

@@ -23,7 +23,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     (["--algo", "dqn"], "known algos: ppo, pqn, sac"),
     (["--set", "num_minibatches=3"], "num_minibatches=3 does not divide the batch"),
     (["--set", "lrr=1"], "unknown setting 'lrr' for ppo; known:"),
-    (["--algo", "sac", "--env", "CartPole-v1"], "algo sac is for continuous actions; env CartPole-v1 has discrete"),
+    (["--algo", "sac", "--env", "CartPole-v1"], "algo sac is for continuous actions; env CartPole-v1 has"),
     (["--set", "lr=abc"], "--set lr=abc"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--set", "num_envs=0"], "PPOConfig.num_envs must be >= 1, got 0"),
