@@ -1,4 +1,4 @@
-"""Test setup: CPU-only JAX with the XLA flag that avoids a first-call hang (RAY_FACTS.md), and
+"""Test setup: CPU-only JAX with the XLA flag that avoids a first-call hang (harness/kernel/device.py), and
 the fixtures of the tests that start Ray (each with a private RAY_TMPDIR, its processes stopped)."""
 
 import os

@@ -4,7 +4,8 @@ shutting it down; a SIGTERM taken as Ctrl-C. (What each trial gets of the machin
 
 The embedded local Ray stays on 127.0.0.1: ``_node_ip_address`` alone is not enough, and
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every port on loopback, single node (docs/cluster.md).
-``ray.init`` runs before the driver uses JAX.
+``ray.init`` runs after the driver has used JAX (checking the env and the algorithm); Ray's workers
+exec a fresh interpreter, so they inherit no JAX state.
 """
 
 from __future__ import annotations
