@@ -12,7 +12,7 @@ import time
 
 
 def naive_trial(config: dict) -> None:
-    flag = "--xla_cpu_enable_concurrency_optimized_scheduler=false"  # needed to not hang (harness/kernel/device.py)
+    flag = "--xla_cpu_enable_concurrency_optimized_scheduler=false"  # avoids a hang: harness/kernel/device.py
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     import jax
     from ray import tune
