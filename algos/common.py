@@ -29,6 +29,47 @@ def require_layers(config: Any) -> None:
         raise ValueError(f"{type(config).__name__}.hidden must be layer widths >= 1, got {hidden!r}")
 
 
+class RolloutShape:
+    """What a config of ``num_envs`` x ``num_steps`` rollouts, ``num_minibatches``, ``total_timesteps`` and
+    ``updates_per_chunk`` derives from them (PPO, PQN): its batch, updates, chunks and their env steps."""
+
+    num_envs: int
+    num_steps: int
+    num_minibatches: int
+    total_timesteps: int
+    updates_per_chunk: int
+
+    def check_shape(self) -> None:
+        """Raises ValueError when the minibatches do not divide the batch or the budget is under one update."""
+        if self.batch_size % self.num_minibatches:
+            raise ValueError(f"num_minibatches={self.num_minibatches} does not divide the batch "
+                             f"num_envs*num_steps={self.batch_size}")
+        if self.num_updates < 1:
+            raise ValueError(f"total_timesteps={self.total_timesteps} is less than one update "
+                             f"({self.batch_size} steps)")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks needed to cover ``total_timesteps`` (the last may overshoot)."""
+        return -(-self.num_updates // self.updates_per_chunk)
+
+    def env_steps_after(self, chunks: int) -> int:
+        """Env steps per seed once ``chunks`` chunks have run (what the metrics' ``env_steps`` says)."""
+        return chunks * self.updates_per_chunk * self.batch_size
+
+
 class Range(NamedTuple):
     """Where a traced hyperparameter makes sense: from ``low`` to ``high``, each end included unless
     marked open (``Range(0, math.inf, low_open=True)``: above 0)."""

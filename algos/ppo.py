@@ -28,6 +28,7 @@ from algos.common import (
     EvalMetrics,
     Finished,
     Range,
+    RolloutShape,
     adam,
     evaluate_policy,
     finished_means,
@@ -44,7 +45,7 @@ from envs import Box, Discrete, Environment, MultiDiscrete
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(RolloutShape):
     """Static settings: anything that changes a shape, a loop count or the code path."""
 
     num_envs: int = 4
@@ -88,37 +89,7 @@ class PPOConfig:
             raise ValueError(f"network={self.network!r}; choose from mlp, transformer")
         if self.embed_dim % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} does not divide embed_dim={self.embed_dim}")
-        if self.batch_size % self.num_minibatches:
-            raise ValueError(
-                f"num_minibatches={self.num_minibatches} does not divide the batch "
-                f"num_envs*num_steps={self.batch_size}"
-            )
-        if self.num_updates < 1:
-            raise ValueError(
-                f"total_timesteps={self.total_timesteps} is less than one update "
-                f"({self.batch_size} steps)"
-            )
-
-    @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def minibatch_size(self) -> int:
-        return self.batch_size // self.num_minibatches
-
-    @property
-    def num_updates(self) -> int:
-        return self.total_timesteps // self.batch_size
-
-    @property
-    def num_chunks(self) -> int:
-        """Chunks needed to cover ``total_timesteps`` (the last may overshoot)."""
-        return -(-self.num_updates // self.updates_per_chunk)
-
-    def env_steps_after(self, chunks: int) -> int:
-        """Env steps per seed once ``chunks`` chunks have run (what ``PPOMetrics.env_steps`` says)."""
-        return chunks * self.updates_per_chunk * self.batch_size
+        self.check_shape()
 
 
 @struct.dataclass
