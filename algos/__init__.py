@@ -106,6 +106,12 @@ def _as_spec(obj: Any, what: str) -> AlgoSpec:
     if spec.actions not in ("discrete", "continuous", "any"):
         raise UnknownAlgoError(f"{what}: AlgoSpec.actions must be 'discrete', 'continuous' or 'any', "
                                f"got {spec.actions!r}")
+    from algos.check import AlgoContractError, check_classes
+
+    try:  # before anything reads the classes' fields
+        check_classes(spec)
+    except AlgoContractError as err:
+        raise UnknownAlgoError(str(err)) from None
     return spec
 
 

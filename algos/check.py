@@ -55,7 +55,7 @@ def check(spec: Any, env: Environment, env_params: Any, config: Any = None, *, t
                                 f"{'discrete' if spec.actions == 'continuous' else 'continuous'} ones ({space})")
     if not trace:
         return None
-    _check_classes(spec)
+    check_classes(spec)
     try:
         config = spec.config_cls() if config is None else config
     except (TypeError, ValueError) as err:
@@ -85,13 +85,25 @@ def check(spec: Any, env: Environment, env_params: Any, config: Any = None, *, t
         raise AlgoContractError(f"algo {name}: chunk must return (state, metrics), got {_shape_of(out)}")
     _same_state(name, state, out[0])
     _check_metrics(name, out[1])
-    ev = _trace(name, "evaluate(state, key)", algo.evaluate, state, key)
+    diverged = getattr(state, "diverged", None)
+    if getattr(diverged, "shape", None) != () or getattr(diverged, "dtype", None) != jnp.bool_:
+        raise AlgoContractError(f"algo {name}: init's state needs a field diverged, a bool scalar (sticky: the "
+                                f"harness reads it), got {_shape_of(diverged)}")
+    if algo.learner_fields and not callable(getattr(state, "replace", None)):
+        raise AlgoContractError(f"algo {name}: with learner_fields the state must be a flax struct.dataclass "
+                                "(population-based training copies those fields with state.replace)")
+    # as the kernel calls it: after each chunk on a few episodes (a study's curve), and at the end
+    ev = _trace(name, "evaluate(state, key, num_episodes)", lambda s, k: algo.evaluate(s, k, 2), state, key)
     if not hasattr(ev, "return_mean") or getattr(ev.return_mean, "shape", None) != ():
         raise AlgoContractError(f"algo {name}: evaluate must return algos.EvalMetrics with a scalar return_mean, "
                                 f"got {_shape_of(ev)}")
-    obs = jax.ShapeDtypeStruct((1, *env.observation_space(env_params).shape), jnp.float32)
+    _trace(name, "evaluate(state, key)", algo.evaluate, state, key)
+    obs_space = env.observation_space(env_params)
+    obs = jax.ShapeDtypeStruct((1, *obs_space.shape), getattr(obs_space, "dtype", jnp.float32))
+    env_mask = jax.eval_shape(lambda k: env.action_mask(env.reset(k, env_params)[1], env_params), key)
+    mask = None if env_mask is None else jax.ShapeDtypeStruct((1, *env_mask.shape), env_mask.dtype)
     policy = _trace(name, "policy_params(state)", algo.policy_params, state)
-    action = _trace(name, "act(policy_params, obs)", algo.act, policy, obs)
+    action = _trace(name, "act(policy_params, obs, mask, key)", algo.act, policy, obs, mask, key)
     want = (1, *(space.shape if isinstance(space, Box | MultiDiscrete) else ()))
     if getattr(action, "shape", None) != want:
         raise AlgoContractError(f"algo {name}: act(policy_params, obs [1, ...]) must return actions of shape "
@@ -116,7 +128,12 @@ def check(spec: Any, env: Environment, env_params: Any, config: Any = None, *, t
     return algo
 
 
-def _check_classes(spec: Any) -> None:
+def check_classes(spec: Any) -> None:
+    """The spec's config and hyperparameter classes have the shape the harness reads (no tracing).
+
+    Raises:
+        AlgoContractError: a class that is not a dataclass, or a missing field or method.
+    """
     name = spec.name
     if not dataclasses.is_dataclass(spec.config_cls):
         raise AlgoContractError(f"algo {name}: config_cls must be a frozen dataclass, got {spec.config_cls!r}")
@@ -232,4 +249,4 @@ def _where(err: BaseException) -> str:
     return f" at {found.filename.removeprefix(home)}:{found.lineno}"
 
 
-__all__ = ["AlgoContractError", "METRICS", "action_kind", "check"]
+__all__ = ["AlgoContractError", "METRICS", "action_kind", "check", "check_classes"]

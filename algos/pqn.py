@@ -214,14 +214,14 @@ def make(config: PQNConfig, env: Environment, env_params: Any) -> Algo:
 
     def rollout(state: PQNState, eps: jax.Array) -> tuple[PQNState, _Traj, Finished, jax.Array]:
         def one_step(carry: PQNState, key: jax.Array) -> tuple[PQNState, tuple]:
-            k_act, k_env = jax.random.split(key)
+            k_act, k_mask, k_env = jax.random.split(key, 3)
             q = q_values(carry.params, carry.obs_stats, carry.obs)
             mask, env_mask = policy_mask(carry.env_state)
             u = jax.random.uniform(k_act, (2, n))  # one draw for both: each random call is a loop on a CPU
             if mask is None:
                 random = jnp.minimum((u[1] * space.n).astype(jnp.int32), space.n - 1)
             else:  # uniform over the legal actions
-                random = jax.random.categorical(jax.random.fold_in(k_act, 1), jnp.where(mask, 0.0, -jnp.inf))
+                random = jax.random.categorical(k_mask, jnp.where(mask, 0.0, -jnp.inf))
             action = jnp.where(u[0] < eps, random, greedy(q, mask))
             illegal = (jnp.float32(0.0) if env_mask is None
                        else 1.0 - jnp.take_along_axis(env_mask, action[:, None], -1).mean())

@@ -268,6 +268,29 @@ def test_kernel__vmapped_configs_by_seeds_equals_one_at_a_time(algo_name):
             _close(pick(metrics), m, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.xla_emitters  # two programs compared
+@pytest.mark.parametrize("lanes", [(1, 3), (2, 1), (1, 1)])
+def test_batched__a_unit_config_or_seed_axis_gives_what_one_at_a_time_gives(lanes):
+    """``batched`` vmaps once over the other axis (or not at all) where one has size 1."""
+    configs, seeds = lanes
+    algo, default, lr = _setup("pqn")
+    hps = [default(**{lr: v}) for v in (3e-4, 1e-3)[:configs]]
+    keys = jnp.stack([jnp.stack([jax.random.fold_in(jax.random.key(c), s) for s in range(seeds)])
+                      for c in range(configs)])
+    state = jax.jit(batched(algo.init))(keys, _stack(hps))
+    state, metrics = jax.jit(batched(algo.chunk))(state, _stack(hps))
+    evals = jax.jit(batched(algo.evaluate, hparams_argnum=None))(state, keys)
+    assert evals.return_mean.shape == (configs, seeds) and metrics.env_steps.shape[:2] == (configs, seeds)
+    for c in range(configs):
+        for s in range(seeds):
+            st, m = jax.jit(algo.chunk)(jax.jit(algo.init)(keys[c, s], hps[c]), hps[c])
+            pick = lambda t: jax.tree.map(lambda x: x[c, s], t)
+            _close(pick(state).params, st.params, rtol=1e-4, atol=1e-5)
+            _close(pick(metrics), m, rtol=1e-4, atol=1e-4)
+            ev = jax.jit(algo.evaluate)(st, keys[c, s])
+            np.testing.assert_allclose(evals.return_mean[c, s], ev.return_mean, rtol=1e-5)
+
+
 @pytest.mark.parametrize("algo_name", ["ppo", "sac", "pqn"])
 def test_kernel__init_plus_chunks_equals_one_long_chunk(algo_name):
     env_name = "Pendulum-v1" if algo_name == "sac" else "CartPole-v1"

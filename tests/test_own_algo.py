@@ -80,6 +80,12 @@ def test_entry_points__an_installed_algorithm_is_listed_and_found_by_name(tmp_pa
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "plugin_reinforce" in algos.registered()
     assert algos.get("plugin_reinforce").name == "reinforce"
+    broken = tmp_path / "broken" / "reinforce_plugin-1.0.dist-info"
+    _fake_distribution(broken.parent, "no_such_module_here")
+    monkeypatch.syspath_prepend(str(broken.parent))
+    with pytest.raises(algos.UnknownAlgoError, match=r"entry point 'plugin_reinforce' \(no_such_module_here\) of "
+                                                     r"rl_harness.algos failed to load: ModuleNotFoundError"):
+        algos.get("plugin_reinforce")
 
 
 # -- the contract, checked before Ray starts ---------------------------------------------------------
@@ -117,6 +123,12 @@ def test_check__the_built_ins_and_the_docs_example_keep_the_contract(tmp_path):
     ('ent_coef=Range(0, 1))', 'ent_coef=Range(0.5, 1))', r"default\(\).ent_coef=0.01 is outside its own RANGES"),
     ('("params", "opt_state", "diverged"))', '("params", "optimizer", "diverged"))',
      r"learner_fields names optimizer, which the state \(State\) does not have"),
+    ("def evaluate(s: State, key: jax.Array, num_episodes: int | None = None) -> Any:",
+     "def evaluate(s: State, key: jax.Array) -> Any:",
+     r"evaluate\(state, key, num_episodes\) failed under jit: TypeError"),
+    ("def act(params: Any, obs: jax.Array, mask: Any = None, key: Any = None) -> jax.Array:",
+     "def act(params: Any, obs: jax.Array) -> jax.Array:",
+     r"act\(policy_params, obs, mask, key\) failed under jit: TypeError"),
 ])
 def test_check__a_broken_promise_is_one_line_naming_the_function(tmp_path, old, new, expect):
     source = _doc("reinforce.py")
@@ -124,6 +136,15 @@ def test_check__a_broken_promise_is_one_line_naming_the_function(tmp_path, old, 
     spec = _spec_from(tmp_path, source.replace(old, new))
     with pytest.raises(AlgoContractError, match=expect):
         check(spec, *envs.make("CartPole-v1"))
+
+
+def test_get__a_spec_whose_classes_the_harness_cannot_read_is_refused_when_named(tmp_path):
+    source = _doc("reinforce.py").replace('AlgoSpec("reinforce", Config,', 'AlgoSpec("reinforce", dict,')
+    (tmp_path / "bad_classes.py").write_text(source)
+    with pytest.raises(algos.UnknownAlgoError, match="algo reinforce: config_cls must be a frozen dataclass"):
+        algos.get(f"{tmp_path / 'bad_classes.py'}:SPEC")
+    _one_error_line(_run("harness.train", "--algo", f"{tmp_path / 'bad_classes.py'}:SPEC", cwd=tmp_path),
+                    "config_cls must be a frozen dataclass")
 
 
 def test_check__an_algorithm_for_one_kind_of_action_refuses_the_other_naming_both(tmp_path):

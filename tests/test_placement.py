@@ -98,6 +98,7 @@ def test_final_plans__a_lane_trial_is_timed_per_configuration_budget(tmp_path):
     time: the re-training width reads its time per budget, as a plain trial's."""
     import studies
     from harness.phases.final_phase import Candidate, final_plans
+    from harness.store.records import TrialRecord
     from tests.driver import settings_for, small
 
     settings = settings_for(small(studies.get("cartpole_ppo"), configs_per_trial=4), tmp_path)
@@ -106,7 +107,8 @@ def test_final_plans__a_lane_trial_is_timed_per_configuration_budget(tmp_path):
     candidates = {f"t0000c{i}": Candidate({"lr": 1e-3}, static, {"lr": 1e-3}) for i in range(3)}
 
     def width(**record):
-        rec = {"static": static, "status": "complete", "compile_seconds": 20.0, **record}
+        rec = TrialRecord(trial=0, status="complete", seeds=budget.seeds, configs=[], static=static,
+                          compile_seconds=20.0, **record)
         plans, _ = final_plans(settings, budget, candidates, [rec], rounds=2)
         return {len(p.hparams) for p in plans}
 

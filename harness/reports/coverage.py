@@ -23,6 +23,8 @@ TINY = {
                 total_timesteps=128, hidden=(32, 32), eval_episodes=1),
     "sac": dict(num_envs=4, buffer_size=256, batch_size=16, learning_starts=16, updates_per_step=1,
                 total_timesteps=80, steps_per_chunk=8, hidden=(32, 32), eval_episodes=1),
+    "pqn": dict(num_envs=4, num_steps=8, num_minibatches=1, update_epochs=1, updates_per_chunk=2,
+                total_timesteps=128, hidden=(32, 32), eval_episodes=1),
 }
 
 
