@@ -53,27 +53,16 @@ def test_ppo__solves_cartpole_on_every_seed_within_500k_steps():
     assert (returns >= 475).all(), returns
 
 
-def test_pqn__reaches_475_on_cartpole_on_every_seed_within_500k_steps():
-    """Evaluated after every 16k steps, as a study's curve is; Q-learning's greedy policy may dip
-    after it gets there (the evaluation of its last chunk is checked against random play's 22)."""
+def test_pqn__solves_cartpole_on_every_seed_within_500k_steps():
+    """The final evaluation, as PPO's test: lambda 0.95 (at the default 0.9 about one seed in twelve
+    ends below 475 after reaching 500: Q-learning's greedy policy can dip late)."""
     env, params = envs.make("CartPole-v1")
-    config = pqn.PQNConfig(total_timesteps=499_712)  # 244 updates of 2,048 steps, 8 a chunk
-    assert config.env_steps_after(config.num_chunks) <= 500_000 + 8 * 2048
-    algo = pqn.make(config, env, params)
-    hp = jax.tree.map(lambda x: x[None], pqn.PQNHParams.default())
-    state = jax.jit(batched(algo.init))(jax.random.split(jax.random.key(0), SEEDS)[None], hp)
-    run = jax.jit(batched(algo.chunk))
-    evaluate = jax.jit(batched(algo.evaluate, hparams_argnum=None))
-    curve, steps = [], 0
-    while steps < 500_000:
-        state, metrics = run(state, hp)
-        steps = int(metrics.env_steps[0, 0, -1])
-        keys = jax.random.split(jax.random.key(len(curve)), SEEDS)[None]
-        curve.append(np.asarray(evaluate(state, keys).return_mean[0]) if steps <= 500_000 else None)
-    curve = np.stack([c for c in curve if c is not None])
-    assert not np.asarray(metrics.diverged).any()
-    assert (curve.max(0) >= 475).all(), curve.max(0)
-    assert (curve[-1] > 200).all(), curve[-1]
+    config = pqn.PQNConfig(total_timesteps=499_712, updates_per_chunk=61)  # 4 chunks x 61 updates x 2,048
+    assert config.env_steps_after(config.num_chunks) <= 500_000
+    returns, metrics = _train_and_evaluate(pqn.make(config, env, params), pqn.PQNHParams.default(td_lambda=0.95),
+                                           config.num_chunks)
+    assert int(metrics.env_steps[0, 0, -1]) <= 500_000 and not np.asarray(metrics.diverged).any()
+    assert (returns >= 475).all(), returns
 
 
 def test_pqn__breakout_minatar_from_gymnax_scores_8_on_every_seed_within_410k_steps():
