@@ -6,6 +6,8 @@ after any sequence of batches equal those of all the data at once (up to float32
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -40,3 +42,17 @@ class RunningStats:
 
     def normalize(self, obs: jax.Array) -> jax.Array:
         return jnp.clip((obs - self.mean) / jnp.sqrt(self.var + EPS), -CLIP, CLIP)
+
+
+def policy_of(params: Any, stats: RunningStats | None) -> Any:
+    """What a policy acts from: the network's parameters, with the statistics where observations are
+    normalised (``{"params", "obs_stats"}``)."""
+    return params if stats is None else {"params": params, "obs_stats": stats}
+
+
+def split_policy(policy: Any, normalized: bool) -> tuple[Any, RunningStats | None]:
+    """``(params, stats)`` of a :func:`policy_of` policy, also as restored from msgpack (plain dicts)."""
+    if not normalized:
+        return policy, None
+    s = policy["obs_stats"]
+    return policy["params"], s if isinstance(s, RunningStats) else RunningStats(s["mean"], s["var"], s["count"])

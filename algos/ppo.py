@@ -40,7 +40,7 @@ from algos.common import (
 )
 from algos.gae import gae
 from algos.networks import ACTIVATIONS, Activation, ActorCritic, Network, TransformerActorCritic, ppo_distribution
-from algos.normalize import RunningStats
+from algos.normalize import RunningStats, policy_of, split_policy
 from envs import Box, Discrete, Environment, MultiDiscrete
 
 
@@ -218,8 +218,6 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
             return jnp.clip(action, space.low, space.high)
         return action
 
-    # With observation normalisation, the policy's parameters are the network's and the
-    # statistics: {"params", "obs_stats"}; without, the network's alone.
     def apply(params: Any, stats: RunningStats | None, obs: jax.Array) -> tuple:
         return net.apply(params, obs if stats is None else stats.normalize(obs))
 
@@ -326,17 +324,10 @@ def make(config: PPOConfig, env: Environment, env_params: Any) -> Algo:
                             length=config.updates_per_chunk)
 
     def policy_params(state: PPOState) -> Any:
-        if state.obs_stats is None:
-            return state.params
-        return {"params": state.params, "obs_stats": state.obs_stats}
+        return policy_of(state.params, state.obs_stats)
 
     def act(policy: Any, obs: jax.Array, mask: jax.Array | None = None, key: jax.Array | None = None) -> jax.Array:
-        if config.normalize_observations:  # a dict (restored from msgpack, stats as a dict too)
-            s = policy["obs_stats"]
-            stats = s if isinstance(s, RunningStats) else RunningStats(s["mean"], s["var"], s["count"])
-            pi_out, log_std, _ = apply(policy["params"], stats, obs)
-        else:
-            pi_out, log_std, _ = net.apply(policy, obs)
+        pi_out, log_std, _ = apply(*split_policy(policy, config.normalize_observations), obs)
         if config.eval_policy == "sample":
             if key is None:
                 raise ValueError("eval_policy='sample' acts from a random key: pass key=")

@@ -38,7 +38,7 @@ from algos.common import (
     track_episodes,
 )
 from algos.networks import dense
-from algos.normalize import RunningStats
+from algos.normalize import RunningStats, policy_of, split_policy
 from envs import Discrete, Environment
 
 
@@ -283,17 +283,10 @@ def make(config: PQNConfig, env: Environment, env_params: Any) -> Algo:
         return jax.lax.scan(lambda s, _: update(s, hp), state, None, length=config.updates_per_chunk)
 
     def policy_params(state: PQNState) -> Any:
-        if state.obs_stats is None:
-            return state.params
-        return {"params": state.params, "obs_stats": state.obs_stats}
+        return policy_of(state.params, state.obs_stats)
 
     def act(policy: Any, obs: jax.Array, mask: jax.Array | None = None, key: jax.Array | None = None) -> jax.Array:
-        if config.normalize_observations:  # a dict (restored from msgpack, stats as a dict too)
-            s = policy["obs_stats"]
-            stats = s if isinstance(s, RunningStats) else RunningStats(s["mean"], s["var"], s["count"])
-            q = q_values(policy["params"], stats, obs)
-        else:
-            q = net.apply(policy, obs)
+        q = q_values(*split_policy(policy, config.normalize_observations), obs)
         return greedy(q, mask if config.use_action_mask else None)
 
     def evaluate(state: PQNState, key: jax.Array, num_episodes: int | None = None) -> EvalMetrics:
